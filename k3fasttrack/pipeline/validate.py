@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,13 @@ def _run_tier(tier: TierName, ctx: TierContext, infra: list[str]) -> TierReport:
     except InfrastructureError as exc:
         infra.append(f"{tier}: {exc.one_line()}")
         return not_run(tier, f"infrastructure failure: {exc.one_line()}", "INCOMPLETE")
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # a bug in one tier must not lose the others' evidence
+        trace = ctx.work_dir / f"{tier}-error.txt"
+        trace.write_text(traceback.format_exc())
+        return not_run(tier, f"internal error in the {tier} tier: {type(exc).__name__}: "
+                             f"{str(exc)[:200]} (traceback in {trace})", "INCOMPLETE")
 
 
 def _write_meta(bundle: Path, opts: ValidateOptions, plan: Plan, env: Environment) -> None:

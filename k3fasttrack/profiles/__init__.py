@@ -47,9 +47,13 @@ def parse_profile(text: str, source: str) -> Profile:
         node = yaml.compose(text)
         data: Any = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
+        # The construct that failed to parse starts at context_mark; the parser notices at
+        # problem_mark (often the end of the file). Name where the construct starts.
+        mark = getattr(exc, "context_mark", None) or getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark is not None else source
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        context = getattr(exc, "context", None)
+        problem = f"{problem} ({context})" if context else problem
         raise ProfileError(f"{where}: malformed YAML: {problem}") from None
     if not isinstance(data, dict):
         raise ProfileError(f"{source}: a profile must be a YAML mapping")

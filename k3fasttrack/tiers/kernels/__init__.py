@@ -83,7 +83,8 @@ def _run(ctx: TierContext) -> TierReport:
     raw.write_text("".join(c.model_dump_json() + "\n" for c in cases))
     if not (ctx.bundle_dir / LOG).exists():
         (ctx.bundle_dir / LOG).write_text("(pytest log from an earlier, resumed run)\n")
-    return summarise(cases, int(result["returncode"]), str(gpus[0]))  # type: ignore[call-overload,index]
+    gpu = str(gpus[0]) if gpus else "none (CPU host)"  # type: ignore[index]
+    return summarise(cases, int(result["returncode"]), gpu)  # type: ignore[call-overload]
 
 
 def _recompute(report: TierReport, bundle_dir: Path) -> list[str]:

@@ -1,0 +1,280 @@
+"""Offline verification of a bundle folder or archive. Every defect raises its own error.
+
+Order: safe extraction -> file walk (no links or devices) -> DSSE signature by a key the
+allowed_signers policy trusts -> statement type and subject (= sha256 of manifest.json) ->
+SSH signature over manifest.json -> manifest self-consistency -> every file against the
+manifest (missing, extra, modified) -> run.json and each report validate -> every tier's
+summary figures recomputed from the raw samples -> the signed profile, verdict (recomputed
+from the reports) and git commit agree with run.json, verdict.json and environment.json.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TypeVar
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from pydantic import BaseModel, ValidationError
+
+from k3fasttrack.bundle import dsse, sshsig
+from k3fasttrack.bundle.archive import open_bundle
+from k3fasttrack.bundle.canonical import sha256_bytes, sha256_file
+from k3fasttrack.bundle.errors import (
+    BadSignatureError,
+    BundleFormatError,
+    ExtraFileError,
+    ManifestError,
+    MissingFileError,
+    ModifiedFileError,
+    ReportInvalidError,
+    StatementError,
+    SubjectMismatchError,
+    SummaryMismatchError,
+    UnsignedBundleError,
+    UntrustedSignerError,
+    one_line,
+)
+from k3fasttrack.bundle.keys import (
+    NAMESPACE,
+    AllowedSigner,
+    ed25519_public,
+    load_allowed_signers,
+)
+from k3fasttrack.bundle.manifest import (
+    ATTESTATIONS_DIR,
+    MANIFEST_NAME,
+    check_relpath,
+    is_covered,
+    root_digest,
+    walk_files,
+)
+from k3fasttrack.bundle.sign import ATTESTATION_FILES, DSSE_NAME, SSHSIG_NAME
+from k3fasttrack.bundle.statement import Statement, parse_statement
+from k3fasttrack.errors import K3ftError
+from k3fasttrack.models.env import Environment
+from k3fasttrack.models.manifest import Manifest
+from k3fasttrack.models.reports import TIER_REPORT_ADAPTER, RunRecord, TierReport
+from k3fasttrack.models.verdict import Verdict
+from k3fasttrack.pipeline.verdict import compute_verdict
+from k3fasttrack.tiers.registry import recompute_all
+
+RUN_RECORD = "run.json"
+VERDICT = "verdict.json"
+ENVIRONMENT = "environment.json"
+_M = TypeVar("_M", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class VerifiedBundle:
+    """What a successful verification establishes."""
+
+    manifest: Manifest
+    principals: tuple[str, ...]
+    """Principals of the allowed_signers line whose key signed the bundle."""
+    fingerprint: str
+    """OpenSSH SHA256 fingerprint of that key."""
+    root_digest: str
+    profile: str
+    verdict: str
+    git_commit: str | None
+
+    @property
+    def principal(self) -> str:
+        """The signer's principal(s) as written in allowed_signers."""
+        return ",".join(self.principals)
+
+
+def verify_bundle(path: Path, allowed_signers: Path) -> VerifiedBundle:
+    """Verify a bundle folder or ``.tar.gz`` against an allowed_signers policy.
+
+    Raises a ``VerificationError`` subclass naming the defect, ``BundleFormatError`` for an
+    unreadable or truncated input, ``SigningKeyError`` for an unreadable policy.
+    """
+    signers = load_allowed_signers(allowed_signers)
+    try:
+        with open_bundle(path) as root:
+            return verify_folder(root, signers)
+    except OSError as exc:
+        raise BundleFormatError(one_line(f"cannot read bundle {path}: {exc}")) from None
+
+
+def verify_folder(root: Path, signers: list[AllowedSigner]) -> VerifiedBundle:
+    """Verify an extracted bundle folder (see ``verify_bundle``)."""
+    files = walk_files(root)
+    if MANIFEST_NAME not in files:
+        raise BundleFormatError(f"{root} has no manifest.json (not a k3ft bundle)")
+    manifest_raw = (root / MANIFEST_NAME).read_bytes()
+    key, payload, signer = _check_dsse(root, files, signers)
+    statement = parse_statement(payload)
+    _check_subject(statement, manifest_raw)
+    _check_sshsig(root, key, manifest_raw)
+    manifest = _parse_manifest(manifest_raw, statement)
+    _check_files(root, files, manifest)
+    reports = _check_reports(root, manifest)
+    _check_claims(root, manifest, statement, reports)
+    return VerifiedBundle(
+        manifest=manifest, principals=signer.principals, fingerprint=signer.fingerprint,
+        root_digest=manifest.root_digest, profile=statement.profile,
+        verdict=statement.verdict, git_commit=statement.git_commit,
+    )
+
+
+def _check_dsse(root: Path, files: list[str], signers: list[AllowedSigner]
+                ) -> tuple[Ed25519PublicKey, bytes, AllowedSigner]:
+    """The trusted key that signed the envelope and the payload it signed."""
+    rel = f"{ATTESTATIONS_DIR}/{DSSE_NAME}"
+    if rel not in files:
+        raise UnsignedBundleError(f"bundle is not signed: {rel} is missing")
+    envelope = dsse.parse_envelope((root / rel).read_bytes())
+    if envelope.payload_type != dsse.IN_TOTO_PAYLOAD_TYPE:
+        raise StatementError(f"DSSE payloadType {envelope.payload_type!r} is not in-toto")
+    now = datetime.now(UTC)
+    for signer in signers:
+        key = ed25519_public(signer)
+        if key is not None and signer.allows(NAMESPACE, now) and envelope.verified_by(key):
+            return key, envelope.payload, signer
+    keyids = ", ".join(sorted({kid or "(no keyid)" for kid, _ in envelope.signatures}))
+    trusted = {s.fingerprint for s in signers if s.allows(NAMESPACE, now)}
+    if trusted & {kid for kid, _ in envelope.signatures}:
+        raise BadSignatureError(f"DSSE signature by {keyids} does not verify over the statement")
+    listed = {s.fingerprint for s in signers}
+    if listed & {kid for kid, _ in envelope.signatures}:
+        raise UntrustedSignerError(
+            f"signer {keyids} is in allowed_signers but not for namespace {NAMESPACE} now")
+    raise UntrustedSignerError(f"signed by {keyids}, a key that allowed_signers does not list")
+
+
+def _check_subject(statement: Statement, manifest_raw: bytes) -> None:
+    actual = sha256_bytes(manifest_raw)
+    if statement.manifest_sha256 != actual:
+        raise SubjectMismatchError(
+            f"signed statement is for manifest sha256 {statement.manifest_sha256[:16]}..., "
+            f"but manifest.json has sha256 {actual[:16]}...")
+
+
+def _check_sshsig(root: Path, key: Ed25519PublicKey, manifest_raw: bytes) -> None:
+    path = root / ATTESTATIONS_DIR / SSHSIG_NAME
+    if not path.is_file():
+        raise UnsignedBundleError(f"bundle has no SSH signature: {ATTESTATIONS_DIR}/{SSHSIG_NAME}")
+    try:
+        armored = path.read_text(encoding="ascii")
+    except UnicodeDecodeError:
+        raise BadSignatureError(f"{SSHSIG_NAME} is not an armored SSH signature") from None
+    sshsig.verify(key, armored, manifest_raw, NAMESPACE)
+
+
+def _parse_manifest(raw: bytes, statement: Statement) -> Manifest:
+    try:
+        manifest = Manifest.model_validate_json(raw)
+    except ValidationError as exc:
+        raise ManifestError(f"manifest.json does not validate: {_first_error(exc)}") from None
+    paths = [f.path for f in manifest.files]
+    for rel in paths:
+        check_relpath(rel)
+        if not is_covered(rel):
+            raise ManifestError(f"manifest.json lists {rel}, which it must not cover")
+    if paths != sorted(set(paths), key=lambda p: p.encode("utf-8")):
+        raise ManifestError("manifest.json paths are not sorted and unique")
+    if root_digest(manifest.files) != manifest.root_digest:
+        raise ManifestError("manifest.json root digest does not match its file list")
+    if statement.root_digest != manifest.root_digest:
+        raise SubjectMismatchError("signed root digest differs from manifest.json root digest")
+    return manifest
+
+
+def _check_files(root: Path, files: list[str], manifest: Manifest) -> None:
+    listed = {f.path: f for f in manifest.files}
+    present = [rel for rel in files if is_covered(rel)]
+    extra = [rel for rel in present if rel not in listed]
+    extra += [rel for rel in files if rel.startswith(f"{ATTESTATIONS_DIR}/")
+              and rel.split("/", 1)[1] not in ATTESTATION_FILES]
+    if extra:
+        raise ExtraFileError(f"file not in the manifest: {', '.join(extra)}")
+    missing = sorted(set(listed) - set(present), key=lambda p: p.encode("utf-8"))
+    if missing:
+        raise MissingFileError(f"file listed in the manifest is missing: {', '.join(missing)}")
+    for rel, entry in listed.items():
+        digest, size = sha256_file(root / rel)
+        if size != entry.size or digest != entry.sha256:
+            raise ModifiedFileError(
+                f"file modified: {rel} (manifest sha256 {entry.sha256[:16]}..., size "
+                f"{entry.size}; found {digest[:16]}..., size {size})")
+
+
+def _check_reports(root: Path, manifest: Manifest) -> tuple[RunRecord, list[TierReport]]:
+    listed = {f.path for f in manifest.files}
+    if RUN_RECORD not in listed:
+        raise ReportInvalidError("bundle has no run.json")
+    try:
+        run = RunRecord.model_validate_json((root / RUN_RECORD).read_bytes())
+    except ValidationError as exc:
+        raise ReportInvalidError(f"run.json does not validate: {_first_error(exc)}") from None
+    reports = []
+    for rel in run.reports:
+        if rel not in listed:
+            raise ReportInvalidError(f"run.json lists report {rel}, which is not in the bundle")
+        try:
+            report = TIER_REPORT_ADAPTER.validate_json((root / rel).read_bytes())
+        except ValidationError as exc:
+            raise ReportInvalidError(f"{rel} does not validate: {_first_error(exc)}") from None
+        reports.append(report)
+        for raw in report.raw_files:
+            if raw not in listed:
+                raise ReportInvalidError(f"{rel} cites raw file {raw}, which is not in the bundle")
+    try:
+        problems = recompute_all(root, run.reports)
+    except K3ftError:
+        raise
+    except Exception as exc:  # a malformed raw file must still end in one line, not a traceback
+        raise SummaryMismatchError(
+            f"summary figures cannot be recomputed from the raw samples: "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+    if problems:
+        raise SummaryMismatchError(
+            f"summary disagrees with raw samples: {'; '.join(problems)}")
+    return run, reports
+
+
+def _check_claims(root: Path, manifest: Manifest, statement: Statement,
+                  checked: tuple[RunRecord, list[TierReport]]) -> None:
+    """The signed profile, verdict and commit agree with run.json, the reports (verdict
+    recomputed from them), verdict.json and environment.json where those are present."""
+    run, reports = checked
+    if run.profile != statement.profile:
+        raise SubjectMismatchError(
+            f"signed profile {statement.profile!r} differs from run.json profile {run.profile!r}")
+    outcome = compute_verdict(reports).outcome
+    if statement.verdict != outcome:
+        raise SummaryMismatchError(
+            f"signed verdict {statement.verdict} disagrees with the reports, which give {outcome}")
+    listed = {f.path for f in manifest.files}
+    if VERDICT in listed:
+        written = _load(root, VERDICT, Verdict).outcome
+        if written != outcome:
+            raise SummaryMismatchError(
+                f"verdict.json says {written}, but the reports give {outcome}")
+    if ENVIRONMENT in listed and statement.git_commit is not None:
+        git = _load(root, ENVIRONMENT, Environment).git
+        if git is not None and git.commit is not None and git.commit != statement.git_commit:
+            raise SubjectMismatchError(
+                f"signed git commit {statement.git_commit[:12]} differs from environment.json "
+                f"commit {git.commit[:12]}")
+
+
+def _load(root: Path, rel: str, model: type[_M]) -> _M:
+    try:
+        return model.model_validate_json((root / rel).read_bytes())
+    except ValidationError as exc:
+        raise ReportInvalidError(f"{rel} does not validate: {_first_error(exc)}") from None
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+    more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{loc}: {err['msg']}{more}"
+
+
+__all__ = ["RUN_RECORD", "VerifiedBundle", "verify_bundle", "verify_folder"]
