@@ -155,3 +155,15 @@ def test_summary_bad_bundle_is_one_line(tmp_path, env, make, expect) -> None:
     assert proc.returncode == 2
     assert expect in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_no_sign_then_sign_elsewhere(tmp_path, env, profile) -> None:
+    out = tmp_path / "run"
+    proc = k3ft("validate", "--profile", str(profile), "--out", str(out), "--no-sign", env=env)
+    assert proc.returncode == 4 and "k3ft sign" in proc.stderr
+    assert not (out / "bundle/manifest.json").exists() and not (out / "bundle.tar.gz").exists()
+    signed = k3ft("sign", str(out), env=env)
+    assert signed.returncode == 0, signed.stderr
+    signers = tmp_path / "config/k3ft/k3ft_ed25519.allowed_signers"
+    ver = k3ft("verify", str(out / "bundle.tar.gz"), "--allowed-signers", str(signers), env=env)
+    assert ver.returncode == 0, ver.stderr

@@ -62,6 +62,9 @@ def validate_command(
     gpqa_zip: Annotated[Path | None, typer.Option(help="Evals: GPQA dataset.zip path.")] = None,
     mrcr_dir: Annotated[Path | None, typer.Option(help="Evals: MRCR parquet folder.")] = None,
     datasets: Annotated[Path | None, typer.Option(help="Evals: datasets folder.")] = None,
+    sign: Annotated[bool, typer.Option(help="Sign the bundle here (--no-sign on a GPU host "
+                                       "that must not hold the key; then `k3ft sign OUT`).")]
+    = True,
 ) -> None:
     """Plan, preflight, run the profile's tiers, then write and sign the bundle.
 
@@ -91,7 +94,7 @@ def validate_command(
     env = preflight(prof, tp_size)
     run_out = out or _default_out(prof.name, tp_size, resume)
     opts = ValidateOptions(profile=prof, tp=tp_size, out=run_out, resume=resume, key=key,
-                           command=command, tier_options=tier_options)
+                           command=command, tier_options=tier_options, sign=sign)
     typer.echo(f"k3ft: run folder {run_out}", err=True)
     try:
         result = run_validate(opts, plan, env)
@@ -103,13 +106,30 @@ def validate_command(
         typer.echo(json.dumps(result.as_json(), indent=1))
     for reason in result.verdict.reasons:
         typer.echo(f"  {reason}", err=True)
+    where = (f"archive {result.archive} sha256 {result.archive_sha256}" if result.archive
+             else f"unsigned: sign it with `k3ft sign {run_out}`")
     typer.echo(f"k3ft: verdict {result.verdict.outcome} (exit {result.exit_code}); bundle "
-               f"{result.bundle_dir}, archive {result.archive} sha256 {result.archive_sha256}",
-               err=True)
+               f"{result.bundle_dir}, {where}", err=True)
     raise typer.Exit(result.exit_code)
 
 
+def sign_command(
+    out: Annotated[Path, typer.Argument(help="Run folder written by k3ft validate --no-sign.")],
+    key: Annotated[Path | None, typer.Option(help="OpenSSH ed25519 signing key.")] = None,
+) -> None:
+    """Sign a finished run's bundle and write its deterministic archive."""
+    from k3fasttrack.errors import BundleFormatError
+    from k3fasttrack.pipeline.validate import sign_run
+
+    if not (out / "bundle" / "verdict.json").is_file():
+        raise BundleFormatError(f"{out}: not a finished k3ft run (no bundle/verdict.json)")
+    archive, digest, root = sign_run(out, key)
+    typer.echo(f"k3ft: signed {out / 'bundle'} (root {root}); archive {archive} sha256 {digest}",
+               err=True)
+
+
 def register(app: typer.Typer) -> None:
-    """Mount ``k3ft validate``."""
+    """Mount ``k3ft validate`` and ``k3ft sign``."""
+    app.command("sign")(sign_command)
     app.command("validate", epilog=EXIT_CODES_HELP + f" Preflight refusal exits {EXIT_INFRA}.")(
         validate_command)

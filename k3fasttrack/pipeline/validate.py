@@ -42,6 +42,8 @@ class ValidateOptions:
     command: tuple[str, ...] = ()
     tier_options: dict[str, Any] = field(default_factory=dict)
     quiet: bool = False
+    sign: bool = True
+    """False: leave the bundle unsigned (GPU hosts without the key); ``k3ft sign`` later."""
 
 
 @dataclass
@@ -50,9 +52,9 @@ class ValidateResult:
 
     verdict: Verdict
     bundle_dir: Path
-    archive: Path
-    archive_sha256: str
-    root_digest: str
+    archive: Path | None
+    archive_sha256: str | None
+    root_digest: str | None
     exit_code: int
     infra_failures: list[str]
 
@@ -60,7 +62,8 @@ class ValidateResult:
         """The machine-readable result (``--json``)."""
         return {
             "verdict": self.verdict.outcome, "exit_code": self.exit_code,
-            "bundle": str(self.bundle_dir), "archive": str(self.archive),
+            "bundle": str(self.bundle_dir),
+            "archive": str(self.archive) if self.archive else None,
             "archive_sha256": self.archive_sha256, "root_digest": self.root_digest,
             "tiers": [t.model_dump(mode="json") for t in self.verdict.tiers],
             "reasons": list(self.verdict.reasons), "infrastructure_failures": self.infra_failures,
@@ -175,9 +178,6 @@ def run_validate(opts: ValidateOptions, plan: Plan, env: Environment) -> Validat
 
 def _finish(opts: ValidateOptions, plan: Plan, bundle: Path, reports: list[TierReport],
             env: Environment, infra: list[str]) -> ValidateResult:
-    from k3fasttrack.bundle import default_key_path, generate_key, sign_bundle, write_archive
-    from k3fasttrack.bundle.keys import default_principal
-
     store = CellStore(bundle / "cells")
     store.clear_marks()
     verdict = compute_verdict(reports)
@@ -185,16 +185,35 @@ def _finish(opts: ValidateOptions, plan: Plan, bundle: Path, reports: list[TierR
     run = RunRecord(profile=plan.profile, tp=plan.tp, command=plan.command,
                     reports=tuple(f"reports/{r.tier}.json" for r in reports))
     write_bytes_atomic(bundle / "run.json", run.model_dump_json(indent=1).encode())
-    key = opts.key or default_key_path()
-    if opts.key is None and not key.exists():
-        files = generate_key(key, default_principal())
+    code = {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(verdict.outcome, EXIT_INCOMPLETE)
+    if infra and code != EXIT_FAIL:
+        code = EXIT_INFRA
+    if not opts.sign:
+        return ValidateResult(verdict, bundle, None, None, None, code, infra)
+    archive, digest, root = sign_run(opts.out, opts.key)
+    return ValidateResult(verdict, bundle, archive, digest, root, code, infra)
+
+
+def sign_run(out: Path, key: Path | None) -> tuple[Path, str, str]:
+    """Sign ``out/bundle`` (making a key at the default path if none is given or present)
+    and write the deterministic ``out/bundle.tar.gz``. Returns (archive, sha256, root digest)."""
+    from k3fasttrack.bundle import default_key_path, generate_key, sign_bundle, write_archive
+    from k3fasttrack.bundle.keys import default_principal
+
+    bundle = out / "bundle"
+    run = RunRecord.model_validate_json((bundle / "run.json").read_bytes())
+    verdict = Verdict.model_validate_json((bundle / "verdict.json").read_bytes())
+    env = Environment.model_validate_json((bundle / "environment.json").read_bytes())
+    path = key or default_key_path()
+    if key is None and not path.exists():
+        files = generate_key(path, default_principal())
         print(f"k3ft: made a signing key {files.private} ({files.fingerprint}); trust it with "
               f"{files.allowed_signers}", file=sys.stderr)
     commit = env.git.commit if env.git else None
-    manifest = sign_bundle(bundle, key, profile=plan.profile, verdict=verdict.outcome,
+    manifest = sign_bundle(bundle, path, profile=run.profile, verdict=verdict.outcome,
                            git_commit=commit)
-    archive = opts.out / "bundle.tar.gz"
-    digest = write_archive(bundle, archive)
+    archive = out / "bundle.tar.gz"
+    return archive, write_archive(bundle, archive), manifest.root_digest
     code = {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(verdict.outcome, EXIT_INCOMPLETE)
     if infra and code != EXIT_FAIL:
         code = EXIT_INFRA
