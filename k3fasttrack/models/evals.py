@@ -1,0 +1,75 @@
+"""Evals tier: profile section and report. (Owner: evals tier.)
+
+The report carries, per suite, the paired baseline/candidate comparison computed from the
+per-sample logs in the bundle (``evals/<suite>/<side>.jsonl``), the pass rule that was declared
+in the suite file before the run, every deviation from the full suite, and the counter evidence
+taken around each cell (the proof tier reads it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from k3fasttrack.models.base import CheckOutcome, Record
+from k3fasttrack.models.serving import SwitchCheckRecord
+from k3fasttrack.models.tier import TierReportBase
+from k3fasttrack.stats.models import PairedComparison
+
+
+class EvalsConfig(Record):
+    """Which suite files to run (paths relative to the repository root, e.g.
+    ``eval_suites/demo/gsm8k.yaml``; a bare name ``gsm8k`` means ``eval_suites/gsm8k.yaml``)."""
+
+    suites: tuple[str, ...] = ()
+
+
+class SuiteResult(Record):
+    """One suite: what was run, how the two sides compare, and whether the declared rule holds."""
+
+    suite: str
+    suite_file: str
+    """Repository-relative path of the suite file that declared the settings and the rule."""
+    suite_sha256: str
+    """Digest of the suite file as read before the run."""
+    task: str
+    """The lm-eval task it ran (``gsm8k``, ``aime25``, ``gpqa_diamond_cot_zeroshot``, ``k3ft_mrcr``)."""
+    metric: str
+    """Per-sample metric and lm-eval filter, e.g. ``exact_match/flexible-extract``."""
+    api: Literal["completions", "chat"]
+    max_gen_toks: int
+    seed: int
+    max_model_len: int
+    """The server's max model length, passed to lm-eval as ``max_length``."""
+    margin: float
+    """Declared in the suite file: the interval of the paired difference must lie in ±margin."""
+    comparison: PairedComparison
+    identical_outputs: int
+    """Documents whose output text is byte-identical between the two sides."""
+    identity_rate: float
+    """identical_outputs / paired documents (greedy token identity, read on output bytes)."""
+    prompt_mismatches: int
+    """Documents whose prompt digest differs between sides (must be 0 for a fair comparison)."""
+    outcome: CheckOutcome
+    """``pass`` when the interval lies within the margin and the prompts match; else ``fail``."""
+    reason: str
+    deviations: tuple[str, ...] = ()
+    """Every way this run departs from the full suite (slice, budget, synthetic data)."""
+    samples: dict[str, str] = {}
+    """Side -> bundle-relative path of the per-sample JSONL."""
+    lm_eval_results: dict[str, str] = {}
+    """Side -> bundle-relative path of lm-eval's own results JSON."""
+    evidence: tuple[dict[str, Any], ...] = ()
+    """Counter evidence taken around each cell (serialised ``PathEvidence`` of the proof helper)."""
+
+
+class EvalsReport(TierReportBase):
+    """Paired baseline/candidate comparison per suite (filled in by the evals tier)."""
+
+    tier: Literal["evals"] = "evals"
+    suites: tuple[SuiteResult, ...] = ()
+    switch: SwitchCheckRecord | None = None
+    """Whether baseline and candidate differed only in the profile's switch."""
+    path_evidence: tuple[dict[str, Any], ...] = ()
+    """All counter evidence of this tier (one per cell that ran in this process), for the proof tier."""
+    server_log_tail: tuple[str, ...] = ()
+    """Last log lines of a server that died mid-tier (empty otherwise)."""

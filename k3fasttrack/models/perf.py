@@ -1,0 +1,147 @@
+"""Perf tier: profile section and report. (Owner: perf tier.)
+
+A sweep point is measured on both sides (baseline, candidate) through one runner; each repeat of a
+point on a side gives one value per metric (``perf/samples.jsonl``, ``PerfSample``). The report
+holds, per point and metric, both medians with their 95% intervals, the Mann-Whitney p-value and
+the candidate/baseline ratio with its bootstrap interval; ``recompute`` re-derives them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from k3fasttrack.models.base import Record
+from k3fasttrack.models.samples import Side
+from k3fasttrack.models.tier import TierReportBase
+from k3fasttrack.stats.models import Comparison
+
+PromptSource = Literal["real-text", "random-tokens"]
+"""``real-text``: questions of the eval datasets (long documents built from them for long
+contexts); ``random-tokens``: vLLM bench's random dataset. A MoE reads other experts for each."""
+
+TrafficKind = Literal["decode", "mixed"]
+"""``decode``: one wave of ``batch`` requests started together (prefill once, then pure decode);
+``mixed``: ``mixed_waves * batch`` requests through ``batch`` slots, so new prefills arrive while
+other requests decode."""
+
+INTERACTIVITY_FORMULA = (
+    "interactivity (tokens/s per user) of one request = (output_tokens - 1) / (e2e_latency - ttft)"
+    " = 1 / TPOT; interactivity_tok_s_user = median over requests, interactivity_p90_tok_s_user ="
+    " the 10th percentile over requests (the rate that 90% of users reach or exceed)"
+)
+
+
+class PerfConfig(Record):
+    """Which sweep grid to run (a file under ``perf_sweeps/``) and through which runner."""
+
+    sweep: str | None = None
+    """Grid file name under ``perf_sweeps/`` (e.g. ``cpu-demo.yaml``) or a path to one."""
+    runner: Literal["vllm-bench", "harness"] = "vllm-bench"
+    harness: str | None = None
+    """``module:function`` of a harness runner yielding per-point records (GPU backends)."""
+    draft_len: int | None = None
+    """Draft length the candidate server was started with (vllm-bench runner): grid points with
+    another draft length need another server and are listed as skipped. None: the draft axis is
+    only a label."""
+
+
+class PointParams(Record):
+    """Where a sweep point sits in the grid."""
+
+    traffic: TrafficKind
+    prompt_source: PromptSource
+    tp: int
+    draft_len: int
+    acceptance_len: float | None = None
+    """Synthetic acceptance length (harness runners that can force it); None: natural."""
+    batch: int
+    input_len: int
+    output_len: int
+
+
+class SideConditions(Record):
+    """What one side of one point actually ran under (two sides must agree to be comparable)."""
+
+    side: Side
+    server_config_sha256: str | None
+    """Digest of the side's effective server configuration without the profile's switch."""
+    max_concurrency: int
+    concurrency_reached: int
+    """Largest number of requests in flight seen by the client (max over repeats)."""
+    num_prompts: int
+    prompts_sha256: str
+    """Digest of the prompt set (dataset file, or the random dataset's seed and lengths)."""
+    ignore_eos: bool
+    temperature: float
+    completed: int
+    failed: int
+    mean_input_tokens: float
+
+
+class MetricComparison(Record):
+    """One metric of one point (or workload): the statistics' comparison, baseline = old."""
+
+    metric: str
+    unit: str
+    comparison: Comparison
+    """Medians with 95% intervals, Mann-Whitney p, candidate/baseline ratio with its interval."""
+    speedup: float | None
+    """>1 means the candidate is better: the ratio for higher-is-better metrics, 1/ratio
+    otherwise; None when the ratio is undefined."""
+
+
+class PointResult(Record):
+    """Statistics of one sweep point."""
+
+    point: str
+    params: PointParams
+    repeats: int
+    comparable: bool
+    incomparable_reasons: tuple[str, ...] = ()
+    conditions: tuple[SideConditions, ...] = ()
+    metrics: tuple[MetricComparison, ...] = ()
+    acceptance_length: float | None = None
+    """Candidate's mean acceptance length (1 + accepted / drafts) from /metrics deltas."""
+
+
+class SkippedPoint(Record):
+    """A grid point this run did not measure, and why."""
+
+    point: str
+    reason: str
+
+
+class AgenticResult(Record):
+    """The agentic multi-turn workload at one session concurrency on both sides."""
+
+    name: str
+    concurrency: int
+    sessions: int
+    trace_sha256: str
+    source: Literal["generated", "trace-file"]
+    metrics: tuple[MetricComparison, ...] = ()
+
+
+class PerfReport(TierReportBase):
+    """Per-point statistics, same-path checks, plots (filled in by the perf tier)."""
+
+    tier: Literal["perf"] = "perf"
+    runner: Literal["vllm-bench", "harness"] = "vllm-bench"
+    grid: str | None = None
+    """Grid name and the sha256 of its file."""
+    grid_sha256: str | None = None
+    prompt_sources: tuple[PromptSource, ...] = ()
+    interactivity_formula: str = INTERACTIVITY_FORMULA
+    alpha: float = 0.05
+    practical: float = 0.03
+    points: tuple[PointResult, ...] = ()
+    skipped: tuple[SkippedPoint, ...] = ()
+    agentic: tuple[AgenticResult, ...] = ()
+    geomean_speedup: dict[str, float] = Field(default_factory=dict)
+    """Per metric: geometric mean of the speedup over comparable points."""
+    plots: tuple[str, ...] = ()
+    """Bundle-relative PNG paths."""
+    path_evidence: tuple[dict[str, Any], ...] = ()
+    """Counter evidence per measured cell: ``k3fasttrack.models.proof.PathEvidence`` dumps."""
