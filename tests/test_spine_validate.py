@@ -167,3 +167,39 @@ def test_no_sign_then_sign_elsewhere(tmp_path, env, profile) -> None:
     signers = tmp_path / "config/k3ft/k3ft_ed25519.allowed_signers"
     ver = k3ft("verify", str(out / "bundle.tar.gz"), "--allowed-signers", str(signers), env=env)
     assert ver.returncode == 0, ver.stderr
+
+
+def _git_repo(path: Path, files: dict[str, str]) -> None:
+    run = lambda *a: subprocess.run(["git", "-C", str(path), *a], check=True,  # noqa: E731
+                                    capture_output=True)
+    path.mkdir()
+    run("init", "-q", "-b", "main")
+    run("config", "user.email", "t@example.com")
+    run("config", "user.name", "t")
+    (path / "README").write_text("base\n")
+    run("add", "-A")
+    run("commit", "-qm", "base")
+    for name, text in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    run("add", "-A")
+    run("commit", "-qm", "change")
+
+
+@pytest.mark.parametrize("changed,outcome,code", [
+    ({"backend/k3/op.py": "x = 1\n"}, "PASS", 0),
+    ({"backend/k3/op.py": "x = 1\n", "vllm/sampler.py": "y = 2\n"}, "FAIL", 1),
+])
+def test_isolation_runs_when_repo_given(tmp_path, env, changed, outcome, code) -> None:
+    repo = tmp_path / "repo"
+    _git_repo(repo, changed)
+    prof = tmp_path / "iso.yaml"
+    prof.write_text(PROFILE + 'isolation:\n  in_scope: ["backend/**"]\n')
+    out = tmp_path / "run"
+    proc = k3ft("validate", "--profile", str(prof), "--out", str(out), "--repo", str(repo),
+                "--base", "HEAD~1", "--json", env=env)
+    assert proc.returncode == code, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["verdict"] == outcome
+    iso = json.loads((out / "bundle/reports/isolation.json").read_text())
+    assert iso["status"] == outcome
