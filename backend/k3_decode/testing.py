@@ -1,0 +1,123 @@
+"""Shared helpers for the backend's kernel tests: tolerances, poisoning, error metrics, case records.
+
+`record_case(...)` appends one JSON line per GPU test case to the file named by `K3FT_KERNEL_CASES`
+(no-op when unset); `k3ft validate` bundles that file as the kernels tier's raw evidence.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+
+CASES_ENV = "K3FT_KERNEL_CASES"
+
+# (atol, rtol) per output dtype, applied to |out - ref| <= atol + rtol * |ref| elementwise.
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-10, 1e-10),
+    torch.float32: (1e-4, 1e-4),
+    torch.bfloat16: (2e-2, 2e-2),
+    torch.float16: (2e-3, 2e-3),
+    torch.float8_e4m3fn: (1.5e-1, 1.5e-1),
+}
+# Relative Frobenius error bound per dtype (METHOD.md): ||out - ref|| / ||ref||.
+REL_FRO: dict[torch.dtype, float] = {
+    torch.float64: 1e-12,
+    torch.float32: 1e-4,
+    torch.bfloat16: 1e-2,
+    torch.float16: 2e-3,
+}
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """`(atol, rtol)` for comparing an output of `dtype` with a float64 reference."""
+    return TOLERANCES[dtype]
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill `t` with NaN (or the max value for integer dtypes) so unwritten elements show up."""
+    if t.dtype.is_floating_point:
+        return t.fill_(float("nan"))
+    return t.fill_(torch.iinfo(t.dtype).max)
+
+
+def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """`(max_abs_err, rel_fro_err)` of `out` against `ref` in float64; NaN anywhere gives inf."""
+    o, r = out.double().cpu(), ref.double().cpu()
+    if not torch.isfinite(o).all():
+        return math.inf, math.inf
+    diff = o - r
+    denom = r.norm().item() or 1.0
+    return diff.abs().max().item() if diff.numel() else 0.0, diff.norm().item() / denom
+
+
+def close(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> bool:
+    """Elementwise `|out - ref| <= atol + rtol * |ref|`, NaN never close."""
+    o, r = out.double().cpu(), ref.double().cpu()
+    return bool(torch.isfinite(o).all() and ((o - r).abs() <= atol + rtol * r.abs()).all())
+
+
+def record_case(*, op: str, case: str, dtype: str, max_abs_err: float, max_rel_err: float,
+                atol: float, rtol: float, passed: bool) -> None:
+    """Append one kernel test case to `$K3FT_KERNEL_CASES` (JSON lines); no-op when unset."""
+    path = os.environ.get(CASES_ENV)
+    if not path:
+        return
+    rec = {"op": op, "case": case, "dtype": dtype, "max_abs_err": _finite(max_abs_err),
+           "max_rel_err": _finite(max_rel_err), "atol": atol, "rtol": rtol, "passed": bool(passed)}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(rec, sort_keys=True) + "\n")
+
+
+def _finite(v: float) -> float | None:
+    """JSON has no inf/NaN: a non-finite error is recorded as null (and the case fails)."""
+    return float(v) if math.isfinite(v) else None
+
+
+def check_and_record(op: str, case: str, out: torch.Tensor, ref: torch.Tensor,
+                     atol: float, rtol: float, rel_fro: float | None = None) -> tuple[bool, str]:
+    """Compare, record the case, and return `(passed, message)` for the test's assert."""
+    max_abs, rel = errors(out, ref)
+    ok = close(out, ref, atol, rtol) and (rel_fro is None or rel <= rel_fro)
+    record_case(op=op, case=case, dtype=str(out.dtype).removeprefix("torch."), max_abs_err=max_abs,
+                max_rel_err=rel, atol=atol, rtol=rtol, passed=ok)
+    return ok, (f"{op}/{case}: max_abs_err={max_abs:.3e} rel_fro_err={rel:.3e} "
+                f"(atol={atol}, rtol={rtol})")
+
+
+def kda_inputs(heads: int, requests: int, q: int, *, device: str | torch.device = "cuda",
+               seed: int = 0, extra_slots: int = 4, x_row_pad: int = 0) -> dict[str, torch.Tensor]:
+    """Fresh random KDA decode inputs at head dim 128 (never zeros), with distinct slots per token.
+
+    Slot 0 is the null slot; token j of request r owns slot `1 + r*q + j`; `extra_slots` more stay
+    untouched so a test can check that nothing else is written. `x_row_pad > 0` makes `x` a strided
+    view into a wider packed projection, as vLLM passes it.
+    """
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    d, f, w = 128, 128, 4
+    hd, t = heads * d, requests * q
+    slots = 1 + requests * q + extra_slots
+
+    def rn(*shape, scale=1.0, dtype=torch.bfloat16):
+        return (torch.randn(*shape, generator=g, dtype=torch.float32) * scale).to(dtype).to(device)
+
+    packed = rn(t, 3 * hd + x_row_pad)
+    inp = {
+        "x": packed[:, : 3 * hd],
+        "f_a": rn(t, f),
+        "raw_beta": rn(t, heads),
+        "out_gate": rn(t, hd),
+        "f_b": rn(hd, f, scale=0.08),
+        "conv_w": rn(3, w, hd, scale=0.5, dtype=torch.float32),
+        "dt_bias": rn(hd, scale=0.5, dtype=torch.float32),
+        "a_log": (torch.rand(heads, generator=g, dtype=torch.float32) * 2.5).to(device),
+        "norm_w": (1.0 + 0.2 * torch.randn(d, generator=g, dtype=torch.float32)).to(device),
+        "conv_state": rn(slots, w - 1, 3 * hd),
+        "state": rn(slots, heads, d, d, scale=0.2, dtype=torch.float32),
+        "state_indices": (1 + torch.arange(t, dtype=torch.int32)).view(requests, q).to(device),
+    }
+    return inp
