@@ -74,7 +74,9 @@ def git_state(repo: Path) -> GitState | None:
         return None
     commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
-    return GitState(repo=Path(top.strip()).name, commit=commit.strip() if commit else None,
+    if commit is None:  # a repository with no commits (e.g. a copied tree): state unknown
+        return GitState(repo=Path(top.strip()).name, commit=None, dirty=None)
+    return GitState(repo=Path(top.strip()).name, commit=commit.strip(),
                     dirty=None if status is None else bool(status.strip()))
 
 

@@ -1,0 +1,335 @@
+"""CuTe DSL kernels of the Kimi K3 MLA decode (absorbed, NoPE, gated).
+
+Three launches per MLA layer and step (all SIMT, no Hopper-only instruction, so the same
+source compiles for sm_90a and sm_100a):
+
+1. ``absorb``: ``q_lat[t, h] = [q_nope[t, h] @ W_UK_T[h], q_pe[t, h]] * qscale`` in fp32,
+   ``qscale = softmax_scale * log2(e) * kv_scale`` (the cache's per-tensor scale and the
+   base-2 exponent are folded into the query once).
+2. ``attend``: split-KV (flash-decoding) attention of every query row of a request over the
+   latent cache (FP8 E4M3 or BF16, paged through a block table). One CTA per
+   (row group, split, request); each warp owns tokens, each lane 16 latent + 2 rope dims.
+   Writes a normalised partial output ``[split, row, 512]`` and its base-2 LSE.
+3. ``combine``: LSE merge of the splits, ``W_UV`` per head, times ``kv_scale`` and
+   ``sigmoid(gate)``, BF16 out.
+
+Rows of a request are ``m = i * H + h`` for verify position ``i`` (0..q-1) and head ``h``;
+position ``i`` sees cache tokens ``[0, seq_len - q + i]`` (causal within the step).
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+
+D_LAT = 512
+D_ROPE = 64
+D_QK = D_LAT + D_ROPE
+D_NOPE = 128
+D_V = 128
+LOG2E = 1.4426950408889634
+NEG = -1.0e30  # finite "minus infinity" for running maxima (keeps exp2 free of NaN)
+
+ATTN_THREADS = 128  # 4 warps
+ATTN_WARPS = ATTN_THREADS // 32
+ABSORB_THREADS = 128  # one latent column per thread, 4 column blocks per head
+COMBINE_THREADS = 128  # 32 output columns x 4 latent quarters, 4 column blocks per head
+
+
+def _ptr_tensor(ptr: cute.Pointer, n: int | cutlass.Int32) -> cute.Tensor:
+    """A flat 1-D view of ``n`` elements at ``ptr``."""
+    return cute.make_tensor(ptr, cute.make_layout(n))
+
+
+@cute.jit
+def _exp2(x: cutlass.Float32) -> cutlass.Float32:
+    """Fast base-2 exponential (ex2.approx); exp2(-inf) = 0."""
+    return cute.math.exp2(x, fastmath=True)
+
+
+# ---------------------------------------------------------------------------------------
+# 1. absorb
+# ---------------------------------------------------------------------------------------
+@cute.kernel
+def absorb_kernel(
+    q_nope: cute.Pointer,  # bf16 [T, H, 128]
+    q_pe: cute.Pointer,  # bf16 [T, H, 64]
+    w_uk_t: cute.Pointer,  # bf16 [H, 128, 512]
+    kv_scale: cute.Pointer,  # f32 [1]
+    q_lat: cute.Pointer,  # f32 [T, H, 576]
+    n_tokens: cutlass.Int32,
+    n_heads: cutlass.Int32,
+    softmax_scale: cutlass.Float32,
+    tokens_per_cta: cutlass.Constexpr,
+):
+    """One CTA per (head, token group, 128-column block); thread ``c`` owns one latent column."""
+    tidx, _, _ = cute.arch.thread_idx()
+    h, tg, cb = cute.arch.block_idx()
+    smem = cutlass.memory.SmemAllocator()
+    s_q = smem.allocate_tensor(cutlass.Float32, cute.make_layout((tokens_per_cta, D_NOPE)), 16)
+    qscale = softmax_scale * LOG2E * _ptr_tensor(kv_scale, 1)[0]
+    t0 = tg * tokens_per_cta
+    g_qn = _ptr_tensor(q_nope, n_tokens * n_heads * D_NOPE)
+    for j in cutlass.range_constexpr(tokens_per_cta):
+        t = cutlass.min(t0 + j, n_tokens - 1)
+        s_q[j, tidx] = g_qn[(t * n_heads + h) * D_NOPE + tidx].to(cutlass.Float32)
+    cute.arch.sync_threads()
+
+    acc = cute.make_rmem_tensor(cute.make_layout(tokens_per_cta), cutlass.Float32)
+    acc.fill(0.0)
+    col = cb * ABSORB_THREADS + tidx
+    g_w = _ptr_tensor(w_uk_t, n_heads * D_NOPE * D_LAT)
+    w_base = h * (D_NOPE * D_LAT) + col
+    for k in cutlass.range(D_NOPE, unroll=32):
+        w = g_w[w_base + k * D_LAT].to(cutlass.Float32)
+        for j in cutlass.range_constexpr(tokens_per_cta):
+            acc[j] = acc[j] + s_q[j, k] * w
+
+    g_out = _ptr_tensor(q_lat, n_tokens * n_heads * D_QK)
+    g_pe = _ptr_tensor(q_pe, n_tokens * n_heads * D_ROPE)
+    for j in cutlass.range_constexpr(tokens_per_cta):
+        t = t0 + j
+        if t < n_tokens:
+            base = (t * n_heads + h) * D_QK
+            g_out[base + col] = acc[j] * qscale
+            if cb == 0 and tidx < D_ROPE:
+                g_out[base + D_LAT + tidx] = (
+                    g_pe[(t * n_heads + h) * D_ROPE + tidx].to(cutlass.Float32) * qscale
+                )
+
+
+# ---------------------------------------------------------------------------------------
+# 2. attend (split-KV)
+# ---------------------------------------------------------------------------------------
+@cute.kernel
+def attend_kernel(
+    q_lat: cute.Pointer,  # f32 [R * q * H, 576]
+    cache: cute.Pointer,  # fp8/bf16 [blocks, block_size, 576]
+    block_table: cute.Pointer,  # i32 [R, bt_stride]
+    seq_lens: cute.Pointer,  # i32 [R]
+    o_part: cute.Pointer,  # f32 [splits, R * q * H, 512]
+    lse_part: cute.Pointer,  # f32 [splits, R * q * H]
+    n_req: cutlass.Int32,
+    n_heads: cutlass.Int32,
+    q_len: cutlass.Int32,
+    bt_stride: cutlass.Int32,
+    block_size: cutlass.Int32,
+    chunk: cutlass.Int32,
+    max_context: cutlass.Int32,
+    rows: cutlass.Constexpr,  # query rows per CTA
+    unroll: cutlass.Constexpr,  # tokens in flight per warp
+):
+    """Online-softmax attention of ``rows`` query rows over one chunk of one request."""
+    tidx, _, _ = cute.arch.thread_idx()
+    g, s, r = cute.arch.block_idx()
+    n_splits = cute.arch.grid_dim()[1]
+    lane = tidx % 32
+    warp = tidx // 32
+    rows_per_req = q_len * n_heads
+    total_rows = n_req * rows_per_req
+    row0 = g * rows
+    seq_len = cutlass.min(_ptr_tensor(seq_lens, n_req)[r], max_context)
+    last_row = cutlass.min(row0 + rows, rows_per_req) - 1
+    start = s * chunk
+    n_end = cutlass.min(start + chunk, seq_len - q_len + last_row // n_heads + 1)
+
+    # Query rows into registers: 16 latent dims (16*lane..) + 2 rope dims (512 + 2*lane..).
+    qr = cute.make_rmem_tensor(cute.make_layout((rows, 18)), cutlass.Float32)
+    eff = cute.make_rmem_tensor(cute.make_layout(rows), cutlass.Int32)
+    g_q = _ptr_tensor(q_lat, total_rows * D_QK)
+    for j in cutlass.range_constexpr(rows):
+        m = cutlass.min(row0 + j, rows_per_req - 1)
+        # last visible position + 1 for this row, clipped to the chunk (tokens past the chunk
+        # end are loaded by the unrolled tail but belong to the next split)
+        eff[j] = cutlass.min(seq_len - q_len + m // n_heads + 1, n_end)
+        if row0 + j >= rows_per_req:
+            eff[j] = 0
+        base = (r * rows_per_req + m) * D_QK
+        for d in cutlass.range_constexpr(16):
+            qr[j, d] = g_q[base + lane * 16 + d]
+        for d in cutlass.range_constexpr(2):
+            qr[j, 16 + d] = g_q[base + D_LAT + lane * 2 + d]
+
+    m_i = cute.make_rmem_tensor(cute.make_layout(rows), cutlass.Float32)
+    l_i = cute.make_rmem_tensor(cute.make_layout(rows), cutlass.Float32)
+    acc = cute.make_rmem_tensor(cute.make_layout((rows, 16)), cutlass.Float32)
+    m_i.fill(NEG)
+    l_i.fill(0.0)
+    acc.fill(0.0)
+    kv = cute.make_rmem_tensor(cute.make_layout((unroll, 18)), cutlass.Float32)
+    sc = cute.make_rmem_tensor(cute.make_layout((rows, unroll)), cutlass.Float32)
+    g_bt = _ptr_tensor(block_table, n_req * bt_stride)
+    row_elems = block_size * D_QK
+
+    for n0 in cutlass.range(start + warp * unroll, n_end, ATTN_WARPS * unroll):
+        for u in cutlass.range_constexpr(unroll):
+            n = cutlass.min(n0 + u, n_end - 1)
+            blk = g_bt[r * bt_stride + n // block_size]
+            off = cutlass.Int64(blk) * row_elems + (n % block_size) * D_QK
+            lat = cute.make_tensor(
+                cache + cute.assume(off + lane * 16, divby=16), cute.make_layout(16)
+            ).load().to(cutlass.Float32)
+            rope = cute.make_tensor(
+                cache + cute.assume(off + D_LAT + lane * 2, divby=2), cute.make_layout(2)
+            ).load().to(cutlass.Float32)
+            for d in cutlass.range_constexpr(16):
+                kv[u, d] = lat[d]
+            for d in cutlass.range_constexpr(2):
+                kv[u, 16 + d] = rope[d]
+        for j in cutlass.range_constexpr(rows):
+            for u in cutlass.range_constexpr(unroll):
+                part = cutlass.Float32(0.0)
+                for d in cutlass.range_constexpr(18):
+                    part = part + qr[j, d] * kv[u, d]
+                sc[j, u] = cute.arch.warp_reduction(part, lambda a, b: a + b)
+        for j in cutlass.range_constexpr(rows):
+            mx = m_i[j]
+            for u in cutlass.range_constexpr(unroll):
+                mx = cutlass.max(mx, cutlass.select_(n0 + u < eff[j], sc[j, u], NEG))
+            corr = _exp2(m_i[j] - mx)
+            l_new = l_i[j] * corr
+            for d in cutlass.range_constexpr(16):
+                acc[j, d] = acc[j, d] * corr
+            for u in cutlass.range_constexpr(unroll):
+                p = cutlass.select_(n0 + u < eff[j], _exp2(sc[j, u] - mx), 0.0)
+                l_new = l_new + p
+                for d in cutlass.range_constexpr(16):
+                    acc[j, d] = acc[j, d] + p * kv[u, d]
+            l_i[j] = l_new
+            m_i[j] = mx
+
+    _merge_warps_and_store(acc, m_i, l_i, o_part, lse_part, s, n_splits, r, row0,
+                           rows_per_req, total_rows, tidx, lane, warp, rows)
+
+
+@cute.jit
+def _merge_warps_and_store(acc, m_i, l_i, o_part, lse_part, s, n_splits, r, row0,
+                           rows_per_req, total_rows, tidx, lane, warp, rows: cutlass.Constexpr):
+    """Merge the four warps' running softmax states and write the split's partial."""
+    smem = cutlass.memory.SmemAllocator()
+    s_o = smem.allocate_tensor(
+        cutlass.Float32, cute.make_layout((ATTN_WARPS, rows, D_LAT)), 16)
+    s_m = smem.allocate_tensor(cutlass.Float32, cute.make_layout((ATTN_WARPS, rows)), 16)
+    s_l = smem.allocate_tensor(cutlass.Float32, cute.make_layout((ATTN_WARPS, rows)), 16)
+    for j in cutlass.range_constexpr(rows):
+        for d in cutlass.range_constexpr(16):
+            s_o[warp, j, lane * 16 + d] = acc[j, d]
+        if lane == 0:
+            s_m[warp, j] = m_i[j]
+            s_l[warp, j] = l_i[j]
+    cute.arch.sync_threads()
+    g_o = _ptr_tensor(o_part, n_splits * total_rows * D_LAT)
+    g_lse = _ptr_tensor(lse_part, n_splits * total_rows)
+    for j in cutlass.range_constexpr(rows):
+        if row0 + j < rows_per_req:
+            mx = s_m[0, j]
+            for w in cutlass.range_constexpr(1, ATTN_WARPS):
+                mx = cutlass.max(mx, s_m[w, j])
+            den = cutlass.Float32(0.0)
+            for w in cutlass.range_constexpr(ATTN_WARPS):
+                den = den + s_l[w, j] * _exp2(s_m[w, j] - mx)
+            inv = cutlass.select_(den > 0.0, 1.0 / den, 0.0)
+            row = s * total_rows + r * rows_per_req + row0 + j
+            for c in cutlass.range_constexpr(D_LAT // ATTN_THREADS):
+                d = tidx + c * ATTN_THREADS
+                v = cutlass.Float32(0.0)
+                for w in cutlass.range_constexpr(ATTN_WARPS):
+                    v = v + s_o[w, j, d] * _exp2(s_m[w, j] - mx)
+                g_o[cutlass.Int64(row) * D_LAT + d] = v * inv
+            if tidx == 0:
+                g_lse[row] = cutlass.select_(
+                    den > 0.0, mx + cute.math.log2(den, fastmath=False), -math.inf)
+
+
+# ---------------------------------------------------------------------------------------
+# 3. combine + W_UV + gate
+# ---------------------------------------------------------------------------------------
+@cute.kernel
+def combine_kernel(
+    o_part: cute.Pointer,  # f32 [splits, T * H, 512]
+    lse_part: cute.Pointer,  # f32 [splits, T * H]
+    w_uv: cute.Pointer,  # bf16 [H, 512, 128]
+    gate: cute.Pointer,  # bf16 [T, H * 128]
+    kv_scale: cute.Pointer,  # f32 [1]
+    out: cute.Pointer,  # bf16 [T, H * 128]
+    n_tokens: cutlass.Int32,
+    n_heads: cutlass.Int32,
+    n_splits: cutlass.Int32,
+    tokens_per_cta: cutlass.Constexpr,
+):
+    """One CTA per (head, token group, 32 output columns): merge splits, W_UV, scale, gate.
+
+    The split merge runs on all four warps (each a quarter of the splits); for ``W_UV`` thread
+    ``(quarter, col)`` sums a quarter of the 512 latent rows for one output column. Both
+    reductions go through shared memory. Padding tokens of the last group are skipped.
+    """
+    tidx, _, _ = cute.arch.thread_idx()
+    h, tg, cb = cute.arch.block_idx()
+    lane = tidx % 32
+    quarter = tidx // 32
+    total_rows = n_tokens * n_heads
+    smem = cutlass.memory.SmemAllocator()
+    s_lat = smem.allocate_tensor(
+        cutlass.Float32, cute.make_layout((tokens_per_cta, D_LAT)), 16)
+    s_red = smem.allocate_tensor(
+        cutlass.Float32, cute.make_layout((4, tokens_per_cta, 32)), 16)
+    s_part = smem.allocate_tensor(cutlass.Float32, cute.make_layout((4, D_LAT)), 16)
+    g_lse = _ptr_tensor(lse_part, n_splits * total_rows)
+    t0 = tg * tokens_per_cta
+    for j in cutlass.range_constexpr(tokens_per_cta):
+        if t0 + j < n_tokens:
+            row = (t0 + j) * n_heads + h
+            mx = cutlass.Float32(-math.inf)
+            for sp in cutlass.range(lane, n_splits, 32):
+                mx = cutlass.max(mx, g_lse[sp * total_rows + row])
+            mx = cute.arch.warp_reduction(mx, lambda a, b: cutlass.max(a, b))
+            mx_safe = cutlass.select_(mx > NEG, mx, 0.0)
+            den = cutlass.Float32(0.0)
+            for sp in cutlass.range(lane, n_splits, 32):
+                den = den + _exp2(g_lse[sp * total_rows + row] - mx_safe)
+            den = cute.arch.warp_reduction(den, lambda a, b: a + b)
+            inv = cutlass.select_(den > 0.0, 1.0 / den, 0.0)
+            # warp `quarter` sums splits quarter, quarter + 4, ...; lane owns 16 latent dims
+            v = cute.make_rmem_tensor(cute.make_layout(16), cutlass.Float32)
+            v.fill(0.0)
+            for sp in cutlass.range(quarter, n_splits, 4, unroll=2):
+                wgt = _exp2(g_lse[sp * total_rows + row] - mx_safe) * inv
+                base = (cutlass.Int64(sp) * total_rows + row) * D_LAT + lane * 16
+                part = cute.make_tensor(
+                    o_part + cute.assume(base, divby=16), cute.make_layout(16)).load()
+                for c in cutlass.range_constexpr(16):
+                    v[c] = v[c] + wgt * part[c]
+            for c in cutlass.range_constexpr(16):
+                s_part[quarter, lane * 16 + c] = v[c]
+            cute.arch.sync_threads()
+            for c in cutlass.range_constexpr(4):
+                d = tidx * 4 + c
+                s_lat[j, d] = s_part[0, d] + s_part[1, d] + s_part[2, d] + s_part[3, d]
+            cute.arch.sync_threads()
+
+    acc = cute.make_rmem_tensor(cute.make_layout(tokens_per_cta), cutlass.Float32)
+    acc.fill(0.0)
+    col = cb * 32 + lane
+    g_w = _ptr_tensor(w_uv, n_heads * D_LAT * D_V)
+    w_base = h * (D_LAT * D_V) + col
+    l0 = quarter * (D_LAT // 4)
+    for li in cutlass.range(l0, l0 + D_LAT // 4, unroll=16):
+        w = g_w[w_base + li * D_V].to(cutlass.Float32)
+        for j in cutlass.range_constexpr(tokens_per_cta):
+            acc[j] = acc[j] + s_lat[j, li] * w
+    for j in cutlass.range_constexpr(tokens_per_cta):
+        s_red[quarter, j, lane] = acc[j]
+    cute.arch.sync_threads()
+    scale = _ptr_tensor(kv_scale, 1)[0]
+    g_gate = _ptr_tensor(gate, n_tokens * n_heads * D_V)
+    g_out = _ptr_tensor(out, n_tokens * n_heads * D_V)
+    for j in cutlass.range_constexpr(tokens_per_cta):
+        t = t0 + j
+        if quarter == 0 and t < n_tokens:
+            tot = s_red[0, j, lane] + s_red[1, j, lane] + s_red[2, j, lane] + s_red[3, j, lane]
+            idx = t * (n_heads * D_V) + h * D_V + col
+            gv = g_gate[idx].to(cutlass.Float32)
+            sig = 1.0 / (1.0 + _exp2(-gv * LOG2E))
+            g_out[idx] = (tot * scale * sig).to(cutlass.BFloat16)

@@ -1,0 +1,51 @@
+"""The MLA decode kernels (both attention variants) compile with no GPU for sm_90a and sm_100a
+with no register spills.
+
+ptxas' own report (``remarks{ptx}``) is parsed per kernel: all three kernels (absorb, attend or
+attend_mma, combine) must appear, use at most 255 registers, and spill nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl==4.8.1 (pip install it)")
+
+from backend.k3_decode.ops.mla.compile import (  # noqa: E402
+    Tiling,
+    compile_report,
+    parse_ptxas,
+)
+
+ATTEND = {"simt": "attend_kernel", "mma": "attend_mma_kernel"}
+
+
+@pytest.mark.parametrize("variant", ["simt", "mma"])
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("cache", ["fp8", "bf16"])
+def test_compiles_without_spills(arch, cache, variant):
+    compiled, reports = compile_report(cache, arch, Tiling(variant=variant))
+    assert compiled is not None
+    kernels = ("absorb_kernel", ATTEND[variant], "combine_kernel")
+    by_kernel = {name: [r for r in reports if f"_{name}_" in r.kernel] for name in kernels}
+    assert all(len(v) == 1 for v in by_kernel.values()), f"ptxas report per kernel: {reports}"
+    for name, (rep,) in by_kernel.items():
+        assert rep.spill_stores == 0 and rep.spill_loads == 0, f"{name} spills on {arch}: {rep}"
+        assert rep.stack_frame == 0, f"{name} uses local memory on {arch}: {rep}"
+        assert 0 < rep.registers <= 255
+
+
+def test_parse_ptxas_reads_wrapped_reports():
+    text = """ptxas info    : Compiling entry function
+          'kernel_a'
+          for 'sm_90a'
+          ptxas info    : Function properties for
+          ptxas         .     24 bytes stack frame, 32 bytes spill stores, 20 bytes spill loads
+          ptxas info    : Used 255 registers, used 1 barriers
+          ptxas info    : Compiling entry function 'kernel_b' for 'sm_100a'
+          ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+          ptxas info    : Used 61 registers"""
+    a, b = parse_ptxas(text)
+    assert (a.kernel, a.registers, a.spill_stores, a.spill_loads, a.stack_frame) == (
+        "kernel_a", 255, 32, 20, 24)
+    assert (b.kernel, b.registers, b.spill_stores) == ("kernel_b", 61, 0)

@@ -1,0 +1,197 @@
+"""MLA decode kernels on the GPU against the float64 reference (backend/k3_decode/reference/mla.py).
+
+Fresh random inputs per case, poisoned output (NaN) and poisoned cache rows past every request's
+length (a read past ``seq_lens`` turns into NaN), a shuffled paged block table, batch sizes
+1..64 tokens, heads 6 and 12, verify steps q=2..8, contexts 1..131072 and one of 1M tokens,
+FP8 E4M3 (per-tensor scale) and BF16 caches, null (zero-length) requests, forced split counts,
+and a CUDA-graph replay with new inputs; each case for both attention cores (``mma``, the
+default, and ``simt``). Every case is recorded through ``record_case``.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import pytest
+import torch
+
+from backend.k3_decode.reference import mla as ref
+from backend.k3_decode.testing import REL_FRO, check_and_record, poison_, tolerance
+
+pytestmark = pytest.mark.gpu
+
+OP = "mla_decode"
+SCALE = 192**-0.5
+FP8_SCALE = 0.02
+
+
+def make_inputs(heads: int, seq_lens: list[int], q: int, cache: str, block_size: int,
+                seed: int, device: str = "cuda") -> dict:
+    """Random decode inputs; the paged cache holds each request's rows in shuffled blocks."""
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    n_req, t = len(seq_lens), len(seq_lens) * q
+
+    def rn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, device=dev) * scale).to(torch.bfloat16)
+
+    max_blocks = max(1, math.ceil(max(seq_lens) / block_size))
+    n_blocks = n_req * max_blocks + 3
+    dtype = torch.float8_e4m3fn if cache == "fp8" else torch.bfloat16
+    kv = torch.empty(n_blocks, block_size, 576, dtype=dtype, device=dev)
+    # every row is NaN until written: a read past a request's length poisons its output
+    nan_bits = 0x7F if cache == "fp8" else 0x7FC0
+    kv.view(torch.uint8 if cache == "fp8" else torch.int16).fill_(nan_bits)
+    perm = torch.randperm(n_blocks, generator=g, device=dev)[: n_req * max_blocks]
+    block_table = perm.view(n_req, max_blocks).to(torch.int32).contiguous()
+    flat = kv.view(-1, 576).view(torch.uint8)
+    for r, length in enumerate(seq_lens):
+        if length == 0:
+            continue
+        rows = torch.randn(length, 576, generator=g, device=dev)
+        stored = ref.quantize_latent_fp8(rows, FP8_SCALE) if cache == "fp8" else rows.bfloat16()
+        pos = torch.arange(length, device=dev)
+        idx = block_table[r, pos // block_size].long() * block_size + pos % block_size
+        flat[idx] = stored.view(torch.uint8)
+    return {
+        "q_nope": rn(t, heads, 128), "q_pe": rn(t, heads, 64), "gate": rn(t, heads * 128),
+        "kv_cache": kv, "block_table": block_table,
+        "seq_lens": torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+        "w_uk_t": rn(heads, 128, 512, scale=128**-0.5),
+        "w_uv": rn(heads, 512, 128, scale=512**-0.5),
+        "kv_scale": FP8_SCALE if cache == "fp8" else 1.0,
+    }
+
+
+def request_rows(inp: dict, r: int) -> torch.Tensor:
+    """Request r's cache rows, dequantized to float64 (gathered through the block table)."""
+    kv, length = inp["kv_cache"], int(inp["seq_lens"][r])
+    bs = kv.shape[1]
+    pos = torch.arange(length, device=kv.device)
+    idx = inp["block_table"][r, pos // bs].long() * bs + pos % bs
+    raw = kv.view(-1, 576).view(torch.uint8)[idx].view(kv.dtype)
+    return ref.dequantize_latent(raw, inp["kv_scale"])
+
+
+def reference(inp: dict, q: int) -> torch.Tensor:
+    """Float64 expected output; tokens of a zero-length (null) request expect zeros."""
+    q_lat = ref.absorb_query(inp["q_nope"], inp["q_pe"], inp["w_uk_t"])
+    parts = []
+    for r, n in enumerate(inp["seq_lens"].tolist()):
+        if n == 0:
+            parts.append(torch.zeros(q, q_lat.shape[1], 512, dtype=torch.float64))
+            continue
+        dense = request_rows(inp, r)[None]
+        o_lat, _ = ref.latent_attention(q_lat[r * q:(r + 1) * q], dense,
+                                        torch.tensor([n]), q, SCALE)
+        parts.append(o_lat)
+    return ref.value_gate(torch.cat(parts), inp["w_uv"].cpu(), inp["gate"].cpu())
+
+
+def run_case(name: str, heads: int, seq_lens: list[int], q: int, cache: str, block_size: int = 64,
+             seed: int = 0, n_splits: int | None = None, max_context: int | None = None,
+             variant: str = "mma") -> None:
+    """Run one case with a poisoned output inside a poisoned guard buffer; assert and record."""
+    from backend.k3_decode.ops.mla import mla_decode
+    from backend.k3_decode.ops.mla.compile import Tiling
+
+    inp = make_inputs(heads, seq_lens, q, cache, block_size, seed)
+    t = len(seq_lens) * q
+    guard = poison_(torch.empty(t + 2, heads * 128, dtype=torch.bfloat16, device="cuda"))
+    out = guard[1:-1]
+    kw = {k: inp[k] for k in ("q_nope", "q_pe", "gate", "kv_cache", "block_table", "seq_lens",
+                              "w_uk_t", "w_uv")}
+    mla_decode(**kw, q_per_request=q, kv_scale=inp["kv_scale"], out=out, n_splits=n_splits,
+               max_context=max_context, tiling=Tiling(variant=variant))
+    torch.cuda.synchronize()
+    expected = reference(inp, q)
+    atol, rtol = tolerance(torch.bfloat16)
+    ok, msg = check_and_record(OP, f"{variant}/{name}/h{heads}/{cache}", out, expected, atol, rtol,
+                               REL_FRO[torch.bfloat16])
+    assert ok, msg
+    assert torch.isnan(guard[0]).all() and torch.isnan(guard[-1]).all(), "wrote outside `out`"
+
+
+CASES = [
+    # name, seq_lens, q, block_size, n_splits
+    ("b1_ctx1", [1], 1, 64, None),
+    ("b1_ctx7_bs16", [7], 1, 16, None),
+    ("b1_ctx4096", [4096], 1, 64, None),
+    ("b1_ctx32768", [32768], 1, 64, None),
+    ("b1_ctx131072", [131072], 1, 64, None),
+    ("b8_mixed", [5, 300, 1000, 2048, 64, 1, 4097, 777], 1, 64, None),
+    ("b8_ctx8192_split1", [8192] * 8, 1, 64, 1),
+    ("b8_ctx8192_split64", [8192, 100, 8000, 5, 8192, 4000, 1, 3000], 1, 64, 64),
+    ("b64_ctx2048", [2048 - 7 * i for i in range(64)], 1, 64, None),
+    ("b64_null_rows", [0 if i % 9 == 0 else 500 + i for i in range(64)], 1, 32, None),
+    ("q2_r4", [9, 2, 600, 4096], 2, 64, None),
+    ("q3_r5_odd", [3, 50, 129, 1000, 4099], 3, 16, None),
+    ("q4_r16", [256 + 61 * i for i in range(16)], 4, 64, None),
+    ("q8_r8", [8, 9, 64, 1000, 2000, 4096, 8191, 0], 8, 64, None),
+    ("q8_r1_ctx32768", [32768], 8, 128, None),
+    ("q7_r9_bs1", [7, 8, 20, 33, 100, 7, 64, 65, 90], 7, 1, None),
+]
+
+
+VARIANTS = ["simt", "mma"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("cache", ["fp8", "bf16"])
+@pytest.mark.parametrize("heads", [6, 12])
+@pytest.mark.parametrize("name,seq_lens,q,block_size,n_splits", CASES,
+                         ids=[c[0] for c in CASES])
+def test_mla_decode_matches_reference(name, seq_lens, q, block_size, n_splits, heads, cache,
+                                      variant):
+    seed = zlib.crc32(f"{name}{heads}{cache}".encode()) % 9973
+    run_case(name, heads, seq_lens, q, cache, block_size, seed=seed, n_splits=n_splits,
+             variant=variant)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("cache", ["fp8", "bf16"])
+def test_mla_decode_long_batch(cache, variant):
+    """64 requests at 131072 tokens (the upper context of the batch range)."""
+    run_case("b64_ctx131072", 12, [131072 - 1000 * i for i in range(64)], 1, cache, 64, seed=7,
+             variant=variant)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_mla_decode_1m_context(variant):
+    """One request at 1M tokens (FP8 cache, 12 heads), split-KV across the whole GPU."""
+    run_case("b1_ctx1M", 12, [1 << 20], 1, "fp8", 256, seed=11, max_context=1 << 20,
+             variant=variant)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_mla_decode_cuda_graph_replays_new_inputs(variant):
+    """Captured once, replayed after new values are copied into the static inputs."""
+    from backend.k3_decode.ops.mla import mla_decode
+    from backend.k3_decode.ops.mla.compile import Tiling
+
+    q, heads = 2, 12
+    a = make_inputs(heads, [700, 3000, 64, 2], q, "fp8", 64, seed=21)
+    b = make_inputs(heads, [700, 3000, 64, 2], q, "fp8", 64, seed=22)
+    keys = ("q_nope", "q_pe", "gate", "kv_cache", "block_table", "seq_lens", "w_uk_t", "w_uv")
+    static = {k: a[k].clone() for k in keys}
+    out = torch.empty_like(a["gate"])
+    scale = torch.full((1,), FP8_SCALE, device="cuda")
+    run = lambda: mla_decode(**static, q_per_request=q, kv_scale=scale, out=out,  # noqa: E731
+                             max_context=3000, tiling=Tiling(variant=variant))
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        run()  # compile + load before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        run()
+    for k in keys:
+        static[k].copy_(b[k])
+    poison_(out)
+    graph.replay()
+    torch.cuda.synchronize()
+    atol, rtol = tolerance(torch.bfloat16)
+    ok, msg = check_and_record(OP, f"{variant}/cuda_graph_replay/h12/fp8", out, reference(b, q),
+                               atol, rtol, REL_FRO[torch.bfloat16])
+    assert ok, msg
