@@ -130,12 +130,16 @@ class PerfReport(TierReportBase):
     tier: Literal["perf"] = "perf"
     runner: Literal["vllm-bench", "harness"] = "vllm-bench"
     grid: str | None = None
-    """Grid name and the sha256 of its file."""
+    """The sweep grid's name (``perf_sweeps/<name>.yaml``)."""
     grid_sha256: str | None = None
+    """sha256 of the grid file as run."""
     prompt_sources: tuple[PromptSource, ...] = ()
+    """Which prompt kinds the sweep used (each point also says its own)."""
     interactivity_formula: str = INTERACTIVITY_FORMULA
     alpha: float = 0.05
+    """Significance level of the Mann-Whitney test."""
     practical: float = 0.03
+    """Relative change below which no change is shown (3%)."""
     points: tuple[PointResult, ...] = ()
     skipped: tuple[SkippedPoint, ...] = ()
     agentic: tuple[AgenticResult, ...] = ()

@@ -1,0 +1,146 @@
+"""``k3ft sweep``: run only the perf tier of a profile into a bundle folder (resumable)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+
+from k3fasttrack.errors import EXIT_FAIL, EXIT_INCOMPLETE, EXIT_PASS, ProfileError
+from k3fasttrack.models.perf import PerfReport
+from k3fasttrack.models.plan import Plan
+from k3fasttrack.models.profile import Profile
+from k3fasttrack.pipeline.atomic import write_json_atomic
+from k3fasttrack.pipeline.cells import CellStore
+from k3fasttrack.pipeline.context import NotRunnable, TierContext
+
+REPORT_PATH = "reports/perf.json"
+
+
+class _StderrProgress:
+    def advance(self, description: str) -> None:
+        print(f"[perf] {description}: done", file=sys.stderr)
+
+    def note(self, message: str) -> None:
+        print(f"[perf] {message}", file=sys.stderr)
+
+
+def load_profile_any(name: str) -> Profile:
+    """A shipped profile by name (the lead's loader), or a profile YAML file by path."""
+    path = Path(name)
+    if path.is_file():
+        try:
+            return Profile.model_validate(yaml.safe_load(path.read_text()))
+        except (yaml.YAMLError, ValueError) as exc:
+            raise ProfileError(f"{path}: invalid profile ({str(exc).splitlines()[0]})") from None
+    try:
+        from k3fasttrack.profiles import load_profile  # type: ignore[attr-defined]
+    except ImportError:
+        raise ProfileError(
+            f"profile {name!r} not found (no such file; shipped profiles unavailable)"
+        ) from None
+    return load_profile(name)  # type: ignore[no-any-return]
+
+
+def run_sweep(
+    profile: Profile,
+    out: Path,
+    *,
+    tp: int = 1,
+    resume: bool = False,
+    options: dict[str, Any] | None = None,
+    work_dir: Path | None = None,
+) -> PerfReport:
+    """Plan and run the perf tier alone; writes ``reports/perf.json`` under ``out``."""
+    from k3fasttrack.tiers.perf import SPEC
+
+    opts = dict(options or {})
+    cells = SPEC.plan_cells(profile, tp, opts)
+    store = CellStore(out / "cells")
+    if not resume:
+        for cell in cells:
+            (store.root / f"{cell.id}.json").unlink(missing_ok=True)
+    plan = Plan(
+        profile=profile.name, tp=tp, tiers=("perf",), cells=tuple(cells), command=tuple(sys.argv)
+    )
+    ctx = TierContext(
+        profile=profile,
+        plan=plan,
+        cells=tuple(cells),
+        store=store,
+        bundle_dir=out,
+        work_dir=work_dir or out.with_name(out.name + ".work"),
+        tp=tp,
+        resume=resume,
+        progress=_StderrProgress(),
+        options=opts,
+    )
+    try:
+        report = SPEC.run(ctx)
+    except NotRunnable as exc:
+        report = PerfReport(status="NOT_RUN", reason=str(exc))
+    finally:
+        for close in reversed(ctx.closers):
+            close()
+    assert isinstance(report, PerfReport)
+    write_json_atomic(out / REPORT_PATH, report.model_dump(mode="json"))
+    return report
+
+
+def render(report: PerfReport) -> str:
+    """A short plain-text table of the points (speedup of TPOT and output tokens/s)."""
+    lines = [f"perf: {report.status} - {report.reason}"]
+    for p in report.points:
+        got = {m.metric: m for m in p.metrics}
+        cells = []
+        for name in ("tpot_ms_median", "output_tok_s"):
+            m = got.get(name)
+            if m is not None and m.speedup is not None:
+                cells.append(
+                    f"{name} x{m.speedup:.3f} ({m.comparison.verdict}, p={m.comparison.p_value:.3g})"
+                )
+        flag = "" if p.comparable else " [incomparable]"
+        lines.append(f"  {p.point}{flag}: " + "; ".join(cells))
+    lines += [f"  check {c.name}: {c.outcome} - {c.reason}" for c in report.checks]
+    return "\n".join(lines)
+
+
+def sweep_command(
+    profile: Annotated[
+        str, typer.Option("--profile", "-p", help="Profile name or YAML path.")
+    ] = "cpu-demo",
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Bundle folder to write perf/ into.")
+    ] = Path("bundle"),
+    tp: Annotated[int, typer.Option(help="Tensor-parallel size of this run.")] = 1,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Keep finished points; measure only the missing ones.")
+    ] = False,
+    grid: Annotated[
+        str | None, typer.Option("--grid", help="Override the profile's sweep grid.")
+    ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            "--agentic-trace",
+            help="Replay this trace (JSONL of AgentSession) as the agentic workload.",
+        ),
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Run the perf tier only: sweeps, statistics, plots and same-path checks."""
+    options: dict[str, Any] = {"perf_sweep": grid} if grid else {}
+    if trace is not None:
+        options["perf_agentic_trace"] = str(trace)
+    report = run_sweep(load_profile_any(profile), out, tp=tp, resume=resume, options=options)
+    print(report.model_dump_json(indent=1) if json_out else render(report))
+    code = {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(report.status, EXIT_INCOMPLETE)
+    raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    """Mount ``k3ft sweep``."""
+    app.command("sweep")(sweep_command)

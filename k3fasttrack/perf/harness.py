@@ -1,0 +1,134 @@
+"""The harness runner protocol: a benchmark entry point that is not ``vllm bench serve``.
+
+For backends measured without vLLM (our Hopper decode backend on the H200), ``PerfConfig.runner =
+"harness"`` and ``PerfConfig.harness = "module:function"`` name a function::
+
+    def run(point: HarnessPoint) -> Iterable[HarnessRepeat]
+
+called once per sweep point. It must warm up, then yield ``point.repeats`` repeats for each side,
+interleaved baseline, candidate, baseline, candidate (A B A B), every repeat on the same inputs for
+both sides. Metric names are those of ``k3fasttrack.perf.bench.METRIC_INFO``; unknown names are
+refused. The perf tier turns the repeats into the same cell result, samples, statistics and
+same-path checks as the vllm-bench runner; each repeat is also written under ``perf/raw/``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from k3fasttrack.errors import UsageError
+from k3fasttrack.models.base import Record
+from k3fasttrack.models.perf import PointParams
+from k3fasttrack.models.samples import Side
+from k3fasttrack.perf.bench import METRIC_INFO
+from k3fasttrack.pipeline.atomic import write_json_atomic
+
+
+class HarnessPoint(Record):
+    """What the harness is asked to measure."""
+
+    point: str
+    params: PointParams
+    repeats: int
+    warmup_requests: int
+    seed: int
+    ignore_eos: bool
+
+
+class HarnessRepeat(Record):
+    """One repeat of one point on one side, as the harness measured it."""
+
+    side: Side
+    repeat: int
+    metrics: dict[str, float]
+    output_lens: tuple[int, ...]
+    """Per request, in input order (the same inputs on both sides)."""
+    texts: tuple[str, ...] = ()
+    """Greedy outputs per request when the harness decodes text (same-path check); may be empty."""
+    errors: tuple[str, ...] = ()
+    concurrency_reached: int
+    prompts_sha256: str
+    mean_input_tokens: float
+    server_config_sha256: str | None = None
+    counters: dict[str, float] | None = None
+    """Deltas of ``vllm:spec_decode_num_drafts_total`` / ``..._accepted_tokens_total`` or equivalents."""
+
+
+HarnessFn = Callable[[HarnessPoint], Iterable[HarnessRepeat]]
+
+
+def load_harness(spec: str) -> HarnessFn:
+    """Import ``module:function``; a bad spec is a usage error (one line)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"harness must be 'module:function', got {spec!r}")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"cannot load harness {spec!r}: {exc}") from None
+    if not callable(fn):
+        raise UsageError(f"harness {spec!r} is not callable")
+    return fn  # type: ignore[no-any-return]
+
+
+def _check(point: HarnessPoint, reps: list[HarnessRepeat]) -> None:
+    order = [(r.side, r.repeat) for r in reps]
+    expected = [(s, k) for k in range(point.repeats) for s in ("baseline", "candidate")]
+    if order != expected:
+        raise UsageError(
+            f"harness for {point.point}: repeats must be interleaved A B A B "
+            f"({point.repeats} per side); got {order[:6]}..."
+        )
+    for r in reps:
+        unknown = set(r.metrics) - set(METRIC_INFO)
+        if unknown:
+            raise UsageError(f"harness for {point.point}: unknown metric(s) {sorted(unknown)}")
+
+
+def measure_with_harness(fn: HarnessFn, point: HarnessPoint, bundle_dir: Any) -> dict[str, Any]:
+    """Run the harness for one point; returns the same cell result as the vllm-bench runner."""
+    reps = list(fn(point))
+    _check(point, reps)
+    sides: dict[str, dict[str, Any]] = {"baseline": {"repeats": []}, "candidate": {"repeats": []}}
+    for r in reps:
+        rel = f"perf/raw/{point.point}/{r.side}-r{r.repeat}.json"
+        write_json_atomic(bundle_dir / rel, r.model_dump(mode="json"))
+        sides[r.side]["repeats"].append(
+            {
+                "repeat": r.repeat,
+                "raw": rel,
+                "prompts": None,
+                "prompts_sha256": r.prompts_sha256,
+                "metrics": dict(r.metrics),
+                "counters": r.counters,
+                "requests": {
+                    "output_lens": list(r.output_lens),
+                    "texts": list(r.texts),
+                    "errors": list(r.errors),
+                    "completed": sum(
+                        1 for i in range(len(r.output_lens)) if not (r.errors and r.errors[i])
+                    ),
+                    "failed": sum(1 for e in r.errors if e),
+                    "max_concurrent_requests": r.concurrency_reached,
+                    "total_input_tokens": int(r.mean_input_tokens * len(r.output_lens)),
+                },
+            }
+        )
+    for side, data in sides.items():
+        own = [r for r in reps if r.side == side]
+        data["conditions"] = {
+            "side": side,
+            "server_config_sha256": own[0].server_config_sha256,
+            "max_concurrency": point.params.batch,
+            "concurrency_reached": max(r.concurrency_reached for r in own),
+            "num_prompts": len(own[0].output_lens),
+            "prompts_sha256": "+".join(sorted({r.prompts_sha256 for r in own})),
+            "ignore_eos": point.ignore_eos,
+            "temperature": 0.0,
+            "completed": sum(d["requests"]["completed"] for d in data["repeats"]),
+            "failed": sum(d["requests"]["failed"] for d in data["repeats"]),
+            "mean_input_tokens": sum(r.mean_input_tokens for r in own) / len(own),
+        }
+    return {"point": point.point, "params": point.params.model_dump(mode="json"), "sides": sides}

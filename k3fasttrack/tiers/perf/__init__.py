@@ -1,0 +1,79 @@
+"""Perf tier: sweeps through ``vllm bench serve`` (or a harness), statistics, plots, same-path checks.
+
+Cells: one per sweep point (``perf-<point id>``), one per agentic concurrency
+(``perf-agentic-c<N>``), and ``perf-samepath-evals`` (greedy outputs of eval prompts resent to the
+candidate during the perf run). Each is stored atomically when it finishes; ``--resume`` measures
+only the missing ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from k3fasttrack.models.base import Check
+from k3fasttrack.models.perf import PerfReport
+from k3fasttrack.models.plan import Cell
+from k3fasttrack.models.profile import Profile
+from k3fasttrack.models.reports import TierReport
+from k3fasttrack.perf import analysis, samepath
+from k3fasttrack.perf.grid import load_grid
+from k3fasttrack.tiers.perf.run import AGENTIC_PREFIX, POINT_PREFIX, SAMEPATH_EVALS_CELL, run
+from k3fasttrack.tiers.spec import TierSpec
+
+
+def plan_cells(profile: Profile, tp: int, options: dict[str, object]) -> list[Cell]:
+    """The measurable points of the profile's grid at this TP (others are reported as skipped)."""
+    cfg = profile.perf
+    if cfg.sweep is None:
+        return []
+    grid, _ = load_grid(str(options.get("perf_sweep") or cfg.sweep))
+    cells: list[Cell] = []
+    for pid, params in grid.points():
+        if params.tp != tp or (
+            cfg.draft_len is not None
+            and params.draft_len != cfg.draft_len
+            and cfg.runner == "vllm-bench"
+        ):
+            continue
+        cells.append(
+            Cell(
+                id=POINT_PREFIX + pid,
+                tier="perf",
+                params={k: v for k, v in params.model_dump().items() if v is not None},
+            )
+        )
+    trace = options.get("perf_agentic_trace")
+    agentic = grid.agentic_spec(str(trace) if trace else None)
+    if agentic is not None and cfg.runner == "vllm-bench":
+        cells += [
+            Cell(id=f"{AGENTIC_PREFIX}{c}", tier="perf", params={"concurrency": c})
+            for c in sorted(set(agentic.concurrency))
+        ]
+    if cfg.runner == "vllm-bench":
+        cells.append(
+            Cell(id=SAMEPATH_EVALS_CELL, tier="perf", params={"subset": grid.same_path_subset})
+        )
+    return cells
+
+
+def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
+    """Re-derive every comparison from ``perf/samples.jsonl`` and the same-path checks from
+    ``perf/same_path.jsonl``; check that the listed plots exist."""
+    if not isinstance(report, PerfReport):
+        return [f"not a perf report: {report.tier}"]
+    problems = analysis.recompute_points(report, bundle_dir)
+    stored: dict[str, Check] = {c.name: c for c in report.checks}
+    for fresh in samepath.recheck(bundle_dir):
+        old = stored.get(fresh.name)
+        if old is None or old.outcome != fresh.outcome:
+            problems.append(
+                f"check {fresh.name}: stored {old.outcome if old else 'absent'}, "
+                f"recomputed {fresh.outcome}"
+            )
+    for rel in report.plots:
+        if not (bundle_dir / rel).is_file():
+            problems.append(f"plot {rel} is missing")
+    return problems
+
+
+SPEC = TierSpec(name="perf", plan_cells=plan_cells, run=run, recompute=recompute)

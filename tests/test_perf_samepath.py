@@ -1,0 +1,161 @@
+"""Same-path checks on recorded requests, and the harness runner protocol, without servers.
+
+The harness test uses a harness written here (a stand-in for the GPU backend's benchmark, which
+cannot run on this machine); it exercises the protocol, not a backend.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from k3fasttrack.errors import UsageError
+from k3fasttrack.models.perf import PointParams
+from k3fasttrack.perf import samepath
+from k3fasttrack.perf.harness import HarnessPoint, HarnessRepeat, load_harness, measure_with_harness
+
+
+def _cell(
+    base_lens: list[int], cand_lens: list[int], base_texts: list[str], cand_texts: list[str]
+) -> dict:
+    def rep(lens: list[int], texts: list[str]) -> dict:
+        return {
+            "repeat": 0,
+            "requests": {"output_lens": lens, "texts": texts, "errors": [""] * len(lens)},
+        }
+
+    return {
+        "point": "p",
+        "sides": {
+            "baseline": {"repeats": [rep(base_lens, base_texts)]},
+            "candidate": {"repeats": [rep(cand_lens, cand_texts)]},
+        },
+    }
+
+
+def test_equal_lengths_pass_and_truncation_fails() -> None:
+    ok = samepath.lengths_check(samepath.length_items([_cell([16, 16], [16, 16], [], [])]))
+    assert ok.outcome == "pass"
+    bad = samepath.lengths_check(samepath.length_items([_cell([16, 16], [16, 9], [], [])]))
+    assert (
+        bad.outcome == "fail"
+        and "1/2 request(s)" in bad.reason
+        and "7 token(s) fewer" in bad.reason
+    )
+
+
+def test_greedy_from_sweep_compares_candidate_to_baseline() -> None:
+    same = samepath.greedy_items_from_sweep(
+        [_cell([2, 2], [2, 2], ["a", "b"], ["a", "b"])], subset=2, seed=0
+    )
+    check = samepath.greedy_check(same)
+    assert check.outcome == "pass" and "baseline's outputs in this perf run" in check.reason
+    diff = samepath.greedy_items_from_sweep(
+        [_cell([2, 2], [2, 2], ["a", "b"], ["a", "c"])], subset=2, seed=0
+    )
+    assert samepath.greedy_check(diff).outcome == "fail"
+
+
+def test_greedy_against_eval_run_uses_the_common_prefix(tmp_path: Path) -> None:
+    suite = tmp_path / "evals" / "gsm8k"
+    suite.mkdir(parents=True)
+    rows = [
+        {"suite": "gsm8k", "doc_id": str(i), "prompt": f"Q{i}", "output": f"answer {i} is 4"}
+        for i in range(5)
+    ]
+    (suite / "candidate.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    refs = samepath.eval_references(tmp_path)
+    assert len(refs) == 5
+    # The perf run's budget is shorter: its output is a prefix of the eval output.
+    good = samepath.greedy_items_from_evals(
+        refs, lambda p, n: f"answer {p[1:]} is", subset=3, seed=1, max_tokens=4
+    )
+    assert samepath.greedy_check(good).outcome == "pass"
+    assert "eval run" in samepath.greedy_check(good).reason
+    bad = samepath.greedy_items_from_evals(
+        refs, lambda p, n: "answer 9", subset=3, seed=1, max_tokens=4
+    )
+    assert samepath.greedy_check(bad).outcome == "fail"
+
+
+def test_recheck_rederives_outcomes_from_the_raw_file(tmp_path: Path) -> None:
+    items = samepath.length_items([_cell([4], [3], ["x"], ["x"])])
+    items += samepath.greedy_items_from_sweep([_cell([4], [3], ["x"], ["x"])], subset=1, seed=0)
+    samepath.write_items(tmp_path / samepath.SAME_PATH_FILE, items)
+    outcomes = {c.name: c.outcome for c in samepath.recheck(tmp_path)}
+    assert outcomes == {"same_path_output_lengths": "fail", "same_path_greedy_outputs": "pass"}
+
+
+PARAMS = PointParams(
+    traffic="decode",
+    prompt_source="random-tokens",
+    tp=8,
+    draft_len=3,
+    acceptance_len=2.5,
+    batch=2,
+    input_len=1024,
+    output_len=8,
+)
+
+
+def fake_backend_harness(point: HarnessPoint) -> Iterator[HarnessRepeat]:
+    """A harness that reports fixed timings (stand-in for the H200 backend benchmark)."""
+    for k in range(point.repeats):
+        for side, tpot in (("baseline", 20.0 + k * 0.1), ("candidate", 12.0 + k * 0.1)):
+            yield HarnessRepeat(
+                side=side,
+                repeat=k,
+                metrics={"tpot_ms_median": tpot},  # type: ignore[arg-type]
+                output_lens=(8, 8),
+                concurrency_reached=2,
+                prompts_sha256=f"seed{k}",
+                mean_input_tokens=1024.0,
+            )
+
+
+def unordered_harness(point: HarnessPoint) -> Iterator[HarnessRepeat]:
+    """Yields all baseline repeats first: not interleaved, so refused."""
+    for side in ("baseline", "candidate"):
+        for k in range(point.repeats):
+            yield HarnessRepeat(
+                side=side,
+                repeat=k,
+                metrics={"tpot_ms_median": 1.0},  # type: ignore[arg-type]
+                output_lens=(8,),
+                concurrency_reached=1,
+                prompts_sha256="s",
+                mean_input_tokens=1.0,
+            )
+
+
+def test_harness_runner_yields_the_same_cell_shape(tmp_path: Path) -> None:
+    from k3fasttrack.perf import analysis
+
+    fn = load_harness(f"{__name__}:fake_backend_harness")
+    point = HarnessPoint(
+        point="x", params=PARAMS, repeats=5, warmup_requests=0, seed=0, ignore_eos=True
+    )
+    cell = measure_with_harness(fn, point, tmp_path)
+    assert (tmp_path / "perf/raw/x/candidate-r4.json").is_file()
+    result = analysis.point_result(
+        cell, analysis.group(analysis.samples_from_cell(cell)), alpha=0.05, practical=0.03, seed=0
+    )
+    assert result.comparable
+    tpot = result.metrics[0]
+    assert tpot.comparison.verdict == "improved" and tpot.speedup == pytest.approx(20.2 / 12.2)
+    assert samepath.lengths_check(samepath.length_items([cell])).outcome == "pass"
+
+
+def test_harness_must_interleave_and_be_importable(tmp_path: Path) -> None:
+    point = HarnessPoint(
+        point="x", params=PARAMS, repeats=5, warmup_requests=0, seed=0, ignore_eos=True
+    )
+    with pytest.raises(UsageError, match="interleaved A B A B"):
+        measure_with_harness(load_harness(f"{__name__}:unordered_harness"), point, tmp_path)
+    with pytest.raises(UsageError, match="module:function"):
+        load_harness("no_colon")
+    with pytest.raises(UsageError, match="cannot load harness"):
+        load_harness("k3fasttrack.perf:nothing_here")
