@@ -60,6 +60,12 @@ def validate_command(
     selection_trace: Annotated[Path | None, typer.Option(
         help="Isolation/proof: a backend selection trace (JSONL).")] = None,
     gpqa_zip: Annotated[Path | None, typer.Option(help="Evals: GPQA dataset.zip path.")] = None,
+    gpqa_password: Annotated[str | None, typer.Option(
+        envvar="K3FT_GPQA_PASSWORD", help="Evals: the GPQA zip's password (from its README).")]
+    = None,
+    tokenizer: Annotated[Path | None, typer.Option(
+        help="Evals: local tokenizer folder (attach mode, when the model name is not a path).")]
+    = None,
     mrcr_dir: Annotated[Path | None, typer.Option(help="Evals: MRCR parquet folder.")] = None,
     datasets: Annotated[Path | None, typer.Option(help="Evals: datasets folder.")] = None,
     sign: Annotated[bool, typer.Option(help="Sign the bundle here (--no-sign on a GPU host "
@@ -79,7 +85,8 @@ def validate_command(
     tp_size = tp if tp is not None else min(prof.bounds.tp_sizes)
     tier_options = {k: (str(v) if isinstance(v, Path) else v) for k, v in dict(
         repo=repo, base=base, head=head, selection_trace=selection_trace, gpqa_zip=gpqa_zip,
-        mrcr_dir=mrcr_dir, datasets=datasets).items() if v is not None}
+        gpqa_password=gpqa_password, tokenizer=tokenizer, mrcr_dir=mrcr_dir,
+        datasets=datasets).items() if v is not None}
     command = ("k3ft", *sys.argv[1:])
     plan = make_plan(prof, tp_size, tier_options, command)
     if dry_run:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import Field
+
 from k3fasttrack.models.base import CheckOutcome, Record
 from k3fasttrack.models.serving import SwitchCheckRecord
 from k3fasttrack.models.tier import TierReportBase
@@ -32,7 +34,7 @@ class SuiteResult(Record):
     suite_sha256: str
     """Digest of the suite file as read before the run."""
     task: str
-    """The lm-eval task it ran (``gsm8k``, ``aime25``, ``gpqa_diamond_cot_zeroshot``, ``k3ft_mrcr``)."""
+    """The lm-eval task file it reused (``gsm8k/gsm8k.yaml``), or ``k3ft:mrcr``."""
     metric: str
     """Per-sample metric and lm-eval filter, e.g. ``exact_match/flexible-extract``."""
     api: Literal["completions", "chat"]
@@ -54,9 +56,9 @@ class SuiteResult(Record):
     reason: str
     deviations: tuple[str, ...] = ()
     """Every way this run departs from the full suite (slice, budget, synthetic data)."""
-    samples: dict[str, str] = {}
+    samples: dict[str, str] = Field(default_factory=dict)
     """Side -> bundle-relative path of the per-sample JSONL."""
-    lm_eval_results: dict[str, str] = {}
+    lm_eval_results: dict[str, str] = Field(default_factory=dict)
     """Side -> bundle-relative path of lm-eval's own results JSON."""
     evidence: tuple[dict[str, Any], ...] = ()
     """Counter evidence taken around each cell (serialised ``PathEvidence`` of the proof helper)."""
@@ -70,6 +72,6 @@ class EvalsReport(TierReportBase):
     switch: SwitchCheckRecord | None = None
     """Whether baseline and candidate differed only in the profile's switch."""
     path_evidence: tuple[dict[str, Any], ...] = ()
-    """All counter evidence of this tier (one per cell that ran in this process), for the proof tier."""
+    """All counter evidence of this tier (one per finished cell), for the proof tier."""
     server_log_tail: tuple[str, ...] = ()
     """Last log lines of a server that died mid-tier (empty otherwise)."""

@@ -1,0 +1,204 @@
+"""Suite files (``eval_suites/*.yaml``): a frozen, closed model and its loader.
+
+A suite names the lm-eval task it reuses, where its data comes from, the slice and generation
+budget, the per-sample metric, and the pass rule, all declared before anything runs. An unknown
+or malformed field is refused with one line naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from k3fasttrack.errors import UsageError
+from k3fasttrack.models.base import Record
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SUITES_DIR = REPO_ROOT / "eval_suites"
+
+
+class SuiteError(UsageError):
+    """A suite file that cannot be read or does not validate."""
+
+
+class JsonlData(Record):
+    """Local JSON-lines files, one per split, relative to the datasets folder."""
+
+    kind: Literal["jsonl"]
+    files: dict[str, str]
+    """Split name (as the lm-eval task calls it: ``test``, ``train``) -> file."""
+
+
+class GpqaZipData(Record):
+    """The official password-protected GPQA ``dataset.zip`` (or a synthetic one in its layout)."""
+
+    kind: Literal["gpqa_zip"]
+    member: str = "gpqa_diamond.csv"
+    """Base name of the CSV inside the zip."""
+    shuffle_seed: int = 0
+    """Seed of the fixed answer order written into each document (same on both sides)."""
+    default_zip: str | None = None
+    """Repository-relative zip used without ``--gpqa-zip``/``K3FT_GPQA_ZIP`` (demo only)."""
+    default_password: str | None = None
+    """Password of ``default_zip`` (a synthetic fixture's, never the official one)."""
+
+
+class MrcrData(Record):
+    """MRCR: the official parquet files from ``--mrcr-dir``, or data generated from a seed."""
+
+    kind: Literal["mrcr"]
+    source: Literal["generated", "parquet"] = "generated"
+    """``parquet`` needs ``--mrcr-dir``/``K3FT_MRCR_DIR``; ``generated`` uses mrcr.py."""
+    n_needles: int = Field(2, ge=1)
+    seed: int = 0
+    context_tokens: tuple[int, ...] = (1024,)
+    """Generated data: target prompt sizes, cycled over the documents."""
+    max_chars: int | None = None
+    """Parquet data: keep only rows whose prompt is at most this many characters."""
+
+
+DataSpec = Annotated[JsonlData | GpqaZipData | MrcrData, Field(discriminator="kind")]
+
+
+class TaskSpec(Record):
+    """The lm-eval task a suite reuses: a YAML under lm-eval's ``tasks/`` folder, or ours."""
+
+    lm_eval: str | None = None
+    """Path under ``lm_eval/tasks/``, e.g. ``gsm8k/gsm8k.yaml`` (scoring reused as is)."""
+    builtin: Literal["mrcr"] | None = None
+    """A task this package defines (MRCR is not in lm-eval 0.4.13)."""
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    """Task config keys replaced after loading (never the dataset keys: ``data`` sets those)."""
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> TaskSpec:
+        if (self.lm_eval is None) == (self.builtin is None):
+            raise ValueError("give exactly one of task.lm_eval and task.builtin")
+        return self
+
+
+class Generation(Record):
+    """Generation settings, identical on both sides."""
+
+    max_gen_toks: int = Field(gt=0)
+    temperature: float = Field(0.0, ge=0.0)
+    seed: int = 1234
+    """Sent with every request and used for lm-eval's python/numpy/fewshot seeds."""
+
+
+class Score(Record):
+    """Which per-sample value is compared: the metric under one of the task's filters."""
+
+    metric: str = "exact_match"
+    filter: str = "none"
+
+
+class PassRule(Record):
+    """Declared up front: the 95% bootstrap interval of candidate - baseline lies within ±margin."""
+
+    margin: float = Field(gt=0.0, le=1.0)
+
+
+class Suite(Record):
+    """One eval suite file."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
+    description: str = ""
+    task: TaskSpec
+    api: Literal["completions", "chat"]
+    """``completions``: /v1/completions with tokenized prompts; ``chat``: /v1/chat/completions."""
+    data: DataSpec
+    limit: int | None = Field(None, gt=0)
+    """Documents taken from the start of the test split; None = all."""
+    full_size: int = Field(gt=0)
+    """Documents in the full suite (a smaller ``limit`` is recorded as a deviation)."""
+    full_max_gen_toks: int | None = None
+    """Generation budget of the full suite (a smaller ``max_gen_toks`` is a deviation)."""
+    num_fewshot: int = Field(0, ge=0)
+    system_instruction: str | None = None
+    generation: Generation
+    score: Score = Field(default_factory=Score)
+    pass_rule: PassRule
+    num_concurrent: int = Field(4, ge=1)
+    """Requests in flight per server (same on both sides)."""
+    request_timeout_s: int = Field(600, gt=0)
+
+
+_DATA_KINDS = ("jsonl", "gpqa_zip", "mrcr")
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    parts = [
+        str(p) for i, p in enumerate(loc) if not (i == 1 and loc[0] == "data" and p in _DATA_KINDS)
+    ]
+    return ".".join(parts) or "(top)"
+
+
+def _one_line(path: Path, exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    field = _field_path(tuple(err["loc"]))
+    if err["type"] == "extra_forbidden":
+        return f"suite file {path}: unknown field '{field}'"
+    if err["type"] == "missing":
+        return f"suite file {path}: missing field '{field}'"
+    return f"suite file {path}: field '{field}': {err['msg']}"
+
+
+def resolve_suite_path(ref: str | Path) -> Path:
+    """A suite reference from a profile: a path (relative to the repo root) or a bare suite name."""
+    p = Path(ref)
+    if p.suffix not in (".yaml", ".yml"):
+        p = SUITES_DIR / f"{p}.yaml"
+    elif not p.is_absolute():
+        p = REPO_ROOT / p
+    return p
+
+
+def load_suite(ref: str | Path) -> Suite:
+    """Read and validate one suite file; raise ``SuiteError`` (one line) when it is not valid."""
+    path = resolve_suite_path(ref)
+    if not path.is_file():
+        raise SuiteError(f"suite file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise SuiteError(f"suite file {path}: not valid YAML{where}") from None
+    if not isinstance(raw, dict):
+        raise SuiteError(f"suite file {path}: expected a mapping at the top level")
+    try:
+        return Suite.model_validate(raw)
+    except ValidationError as exc:
+        raise SuiteError(_one_line(path, exc)) from None
+
+
+def suite_digest(ref: str | Path) -> str:
+    """sha256 of the suite file's bytes (recorded in the report)."""
+    return hashlib.sha256(resolve_suite_path(ref).read_bytes()).hexdigest()
+
+
+def suite_relpath(ref: str | Path) -> str:
+    """The suite file's path relative to the repository root (POSIX), or absolute if outside."""
+    path = resolve_suite_path(ref).resolve()
+    try:
+        return path.relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def budget_deviations(suite: Suite, n_used: int) -> list[str]:
+    """How the run departs from the full suite in size and generation budget."""
+    out: list[str] = []
+    if n_used < suite.full_size:
+        out.append(f"slice: {n_used} of {suite.full_size} documents")
+    full_budget = suite.full_max_gen_toks
+    if full_budget is not None and suite.generation.max_gen_toks < full_budget:
+        out.append(
+            f"generation budget: {suite.generation.max_gen_toks} tokens instead of {full_budget}"
+        )
+    return out

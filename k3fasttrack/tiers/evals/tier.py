@@ -1,0 +1,277 @@
+"""Evals tier: every suite on baseline and candidate through lm-eval, compared per sample.
+
+One cell per (suite, side), baseline first: a finished cell's samples stay in the bundle and
+``--resume`` skips it. Counter evidence is taken around each cell for the proof tier. A server
+that dies mid-suite ends the tier INCOMPLETE (FAIL if a suite already failed) with the server's
+last log lines; a suite whose prompts would not fit the server fails before any request is sent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from k3fasttrack.errors import InfrastructureError, UsageError
+from k3fasttrack.evals.compare import (
+    compare_sides,
+    read_samples,
+    results_path,
+    samples_path,
+    write_samples,
+)
+from k3fasttrack.evals.datasets import DataPaths, SuiteData, load_suite_data
+from k3fasttrack.evals.guard import Endpoint, PromptTooLong
+from k3fasttrack.evals.runner import evaluate, split_output
+from k3fasttrack.evals.suite import (
+    Suite,
+    SuiteError,
+    budget_deviations,
+    load_suite,
+    suite_digest,
+    suite_relpath,
+)
+from k3fasttrack.models.base import Check, TierStatus
+from k3fasttrack.models.evals import EvalsReport, SuiteResult
+from k3fasttrack.models.plan import Cell
+from k3fasttrack.models.profile import Profile
+from k3fasttrack.models.samples import Side
+from k3fasttrack.models.serving import SwitchCheckRecord
+from k3fasttrack.pipeline.atomic import write_bytes_atomic, write_json_atomic
+from k3fasttrack.pipeline.context import NotRunnable, TierContext
+from k3fasttrack.serving import (
+    ServerError,
+    ServerPair,
+    counters_after,
+    counters_before,
+    pair_service,
+)
+from k3fasttrack.serving.server import Server
+
+SIDES: tuple[Side, ...] = ("baseline", "candidate")
+FAILURE_LOG = "evals/server_failure.log"
+
+
+class SuiteFailed(Exception):
+    """A suite that cannot give evidence on this server pair (the tier goes on with the others)."""
+
+
+def load_inputs(profile: Profile, options: dict[str, object]) -> list[tuple[str, Suite, SuiteData]]:
+    """Every suite of the profile with its data; raises a one-line ``UsageError`` on bad input."""
+    paths = DataPaths.from_options(dict(options))
+    out: list[tuple[str, Suite, SuiteData]] = []
+    seen: set[str] = set()
+    for ref in profile.evals.suites:
+        suite = load_suite(ref)
+        if suite.name in seen:
+            raise SuiteError(f"two suites of profile {profile.name} are named {suite.name}")
+        seen.add(suite.name)
+        out.append((ref, suite, load_suite_data(suite, paths)))
+    return out
+
+
+def plan_cells(profile: Profile, tp: int, options: dict[str, object]) -> list[Cell]:
+    """One cell per (suite, side); checks every suite file and dataset first (one-line errors)."""
+    if profile.serving is None or not profile.evals.suites:
+        return []
+    cells = []
+    for ref, suite, _ in load_inputs(profile, options):
+        for side in SIDES:
+            cells.append(
+                Cell(
+                    id=f"evals-{suite.name}-{side}",
+                    tier="evals",
+                    params={"suite": ref, "side": side},
+                )
+            )
+    return cells
+
+
+def _tokenizer_dir(ctx: TierContext, pair: ServerPair) -> Path:
+    given = ctx.options.get("tokenizer")
+    path = Path(str(given)) if given else Path(pair.candidate.model_name)
+    if not path.is_dir():
+        raise UsageError(
+            f"evals need the served model's tokenizer folder; {path} is not one (give --tokenizer)"
+        )
+    return path
+
+
+def served_model(server: Server) -> tuple[str, int]:
+    """(served model id, max model length) as the server reports them on ``/v1/models``."""
+    data = server.get_json("/v1/models", timeout_s=30.0).get("data") or []
+    try:
+        return str(data[0]["id"]), int(data[0]["max_model_len"])
+    except (IndexError, KeyError, TypeError, ValueError):
+        raise InfrastructureError(
+            f"{server.side} server's /v1/models gives no max_model_len"
+        ) from None
+
+
+def run_suite_side(
+    ctx: TierContext, pair: ServerPair, suite: Suite, data: SuiteData, side: Side, cell_id: str
+) -> dict[str, Any]:
+    """Run one suite on one server; write its samples and lm-eval results; the cell's result."""
+    server = pair.baseline if side == "baseline" else pair.candidate
+    name, max_len = served_model(server)
+    endpoint = Endpoint(server.url, server.model_name, max_len)
+    snap = counters_before(pair)
+    try:
+        out = evaluate(suite, data, endpoint, _tokenizer_dir(ctx, pair))
+    except PromptTooLong as exc:
+        raise SuiteFailed(f"{suite.name} on {side}: {exc}") from None
+    except (KeyboardInterrupt, UsageError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - lm-eval raises many transport errors; a dead server is told apart here
+        if not server.alive():
+            raise server.died(f"suite {suite.name}") from None
+        raise SuiteFailed(
+            f"{suite.name} on {side}: lm-eval failed: {type(exc).__name__}: {exc}"
+        ) from None
+    evidence = counters_after(pair, snap, tier="evals", cell=cell_id, side=side)
+    samples, results = split_output(suite, side, out)
+    write_samples(ctx.bundle_dir, samples_path(suite.name, side), samples)
+    write_json_atomic(ctx.bundle_dir / results_path(suite.name, side), results)
+    return {
+        "suite": suite.name,
+        "side": side,
+        "n": len(samples),
+        "max_model_len": max_len,
+        "served_model": name,
+        "evidence": evidence.model_dump(mode="json"),
+    }
+
+
+def suite_result(
+    ref: str, suite: Suite, data: SuiteData, bundle_dir: Path, cells: dict[Side, dict[str, Any]]
+) -> SuiteResult:
+    """Compare the two sides of a finished suite from the samples in the bundle."""
+    base = read_samples(bundle_dir, samples_path(suite.name, "baseline"))
+    cand = read_samples(bundle_dir, samples_path(suite.name, "candidate"))
+    paired = compare_sides(base, cand, margin=suite.pass_rule.margin)
+    devs = budget_deviations(suite, paired.comparison.n) + list(data.deviations)
+    return SuiteResult(
+        suite=suite.name,
+        suite_file=suite_relpath(ref),
+        suite_sha256=suite_digest(ref),
+        task=suite.task.lm_eval or f"k3ft:{suite.task.builtin}",
+        metric=f"{suite.score.metric}/{suite.score.filter}",
+        api=suite.api,
+        max_gen_toks=suite.generation.max_gen_toks,
+        seed=suite.generation.seed,
+        max_model_len=int(cells["candidate"]["max_model_len"]),
+        margin=suite.pass_rule.margin,
+        comparison=paired.comparison,
+        identical_outputs=paired.identical_outputs,
+        identity_rate=paired.identity_rate,
+        prompt_mismatches=paired.prompt_mismatches,
+        outcome=paired.outcome,
+        reason=paired.reason,
+        deviations=tuple(devs),
+        samples={s: samples_path(suite.name, s) for s in SIDES},
+        lm_eval_results={s: results_path(suite.name, s) for s in SIDES},
+        evidence=tuple(cells[s]["evidence"] for s in SIDES),
+    )
+
+
+def _status(
+    results: list[SuiteResult],
+    failed: list[str],
+    switch: SwitchCheckRecord | None,
+    infra: InfrastructureError | None,
+    wanted: int,
+) -> tuple[TierStatus, str]:
+    bad = [r for r in results if r.outcome != "pass"]
+    if bad:
+        return "FAIL", f"{bad[0].suite}: {bad[0].reason}"
+    if failed:
+        return "FAIL", failed[0]
+    if infra is not None:
+        return "INCOMPLETE", f"{len(results)} of {wanted} suite(s) done; {infra.one_line()}"
+    if switch is not None and not switch.confirmed:
+        status: TierStatus = "INCOMPLETE" if "cannot see" in switch.reason else "FAIL"
+        return status, f"not evidence: {switch.reason}"
+    return "PASS", f"all {len(results)} suite(s) within their declared margins"
+
+
+def run(ctx: TierContext) -> EvalsReport:
+    """Run every (suite, side) cell on the shared pair and build the report."""
+    if ctx.profile.serving is None:
+        raise NotRunnable("the profile has no serving section")
+    if not ctx.profile.evals.suites:
+        raise NotRunnable("the profile names no eval suite")
+    inputs = load_inputs(ctx.profile, ctx.options)
+    results: list[SuiteResult] = []
+    failed: list[str] = []
+    evidence: list[dict[str, Any]] = []
+    infra: InfrastructureError | None = None
+    switch: SwitchCheckRecord | None = None
+    log_tail: list[str] = []
+    try:
+        pair = pair_service(ctx)
+        switch = pair.switch_check()
+        for ref, suite, data in inputs:
+            try:
+                cells = _run_suite(ctx, pair, ref, suite, data)
+            except SuiteFailed as exc:
+                failed.append(str(exc))
+                continue
+            evidence.extend(c["evidence"] for c in cells.values())
+            results.append(suite_result(ref, suite, data, ctx.bundle_dir, cells))
+    except InfrastructureError as exc:
+        infra = exc
+        log_tail = exc.log_lines if isinstance(exc, ServerError) else []
+        if log_tail:
+            write_bytes_atomic(ctx.bundle_dir / FAILURE_LOG, ("\n".join(log_tail) + "\n").encode())
+    return _report(results, failed, switch, infra, log_tail, evidence, len(inputs))
+
+
+def _run_suite(
+    ctx: TierContext, pair: ServerPair, ref: str, suite: Suite, data: SuiteData
+) -> dict[Side, dict[str, Any]]:
+    cells: dict[Side, dict[str, Any]] = {}
+    for side in SIDES:
+        cell = Cell(
+            id=f"evals-{suite.name}-{side}", tier="evals", params={"suite": ref, "side": side}
+        )
+        ctx.progress.note(f"evals: {suite.name} on {side}")
+        cells[side] = ctx.run_cell(
+            cell,
+            lambda s=side, c=cell.id: run_suite_side(ctx, pair, suite, data, s, c),  # type: ignore[misc]
+        )
+    return cells
+
+
+def _report(
+    results: list[SuiteResult],
+    failed: list[str],
+    switch: SwitchCheckRecord | None,
+    infra: InfrastructureError | None,
+    log_tail: list[str],
+    evidence: list[dict[str, Any]],
+    wanted: int,
+) -> EvalsReport:
+    status, reason = _status(results, failed, switch, infra, wanted)
+    checks = [Check(name=f"suite:{r.suite}", outcome=r.outcome, reason=r.reason) for r in results]
+    checks += [
+        Check(name=f"suite:{msg.split(' ', 1)[0]}", outcome="fail", reason=msg) for msg in failed
+    ]
+    if switch is not None:
+        checks.append(
+            Check(
+                name="switch_only_difference",
+                outcome="pass" if switch.confirmed else "fail",
+                reason=switch.reason,
+            )
+        )
+    raw = [p for r in results for p in (*r.samples.values(), *r.lm_eval_results.values())]
+    raw += [FAILURE_LOG] if log_tail else []
+    return EvalsReport(
+        status=status,
+        reason=reason,
+        checks=tuple(checks),
+        raw_files=tuple(raw),
+        suites=tuple(results),
+        switch=switch,
+        path_evidence=tuple(evidence),
+        server_log_tail=tuple(log_tail),
+    )
