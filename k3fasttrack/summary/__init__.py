@@ -12,6 +12,7 @@ import jinja2
 from k3fasttrack.models.env import Environment
 from k3fasttrack.models.reports import TIER_REPORT_ADAPTER, RunRecord, TierReport
 from k3fasttrack.models.verdict import Verdict
+from k3fasttrack.summary.tables import RENDERERS
 
 MARKER = "<!-- k3ft-bundle-summary -->"
 ICON = {"PASS": "✅", "FAIL": "❌", "INCOMPLETE": "⚠️", "NOT_RUN": "⏸️"}
@@ -30,38 +31,26 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _scalars(report: TierReport) -> list[tuple[str, Any]]:
-    skip = {"schema_version", "tier", "status", "reason", "checks", "raw_files"}
-    out = []
-    for name, value in report.model_dump(mode="json").items():
-        if name in skip or isinstance(value, (dict, list)) or value is None:
-            continue
-        out.append((name, value))
-    return out
-
-
-def _nested(report: TierReport) -> list[tuple[str, Any]]:
-    skip = {"checks", "raw_files"}
-    return [(k, v) for k, v in report.model_dump(mode="json").items()
-            if k not in skip and isinstance(v, (dict, list)) and v]
-
-
 def tier_detail(report: TierReport) -> Detail:
-    """Markdown body for one tier: figures, checks, then raw structured fields."""
+    """Markdown body for one tier: its table of figures, then the checks that did not pass."""
+    data = report.model_dump(mode="json")
     lines = [f"**{report.status}**: {report.reason}", ""]
-    figures = _scalars(report)
-    if figures:
-        lines += ["| figure | value |", "|---|---|"]
-        lines += [f"| {k} | {_cell(v)} |" for k, v in figures]
-        lines.append("")
-    if report.checks:
+    if report.status != "NOT_RUN" and report.tier in RENDERERS:
+        try:
+            lines += RENDERERS[report.tier](data)
+        except (KeyError, TypeError) as exc:  # a table must never hide the report
+            lines += [f"_(table unavailable: {type(exc).__name__} {exc})_", ""]
+    shown = [c for c in report.checks if c.outcome != "pass"] or list(report.checks)
+    if shown:
         lines += ["| check | outcome | reason |", "|---|---|---|"]
-        lines += [f"| {_cell(c.name)} | {c.outcome} | {_cell(c.reason)} |" for c in report.checks]
+        lines += [f"| {_cell(c.name)} | {c.outcome} | {_cell(c.reason)} |" for c in shown]
+        if len(shown) < len(report.checks):
+            lines.append(f"\n{len(report.checks) - len(shown)} more check(s) passed.")
         lines.append("")
-    for name, value in _nested(report):
-        lines += [f"`{name}`:", "```json", json.dumps(value, indent=1, sort_keys=True), "```"]
     if report.raw_files:
-        lines.append("Raw files: " + ", ".join(f"`{p}`" for p in report.raw_files))
+        more = len(report.raw_files) - 10
+        lines.append("Raw files: " + ", ".join(f"`{p}`" for p in report.raw_files[:10])
+                     + (f" and {more} more" if more > 0 else ""))
     return Detail(title=f"{report.tier}: {report.status}", body="\n".join(lines))
 
 

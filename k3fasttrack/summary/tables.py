@@ -1,0 +1,108 @@
+"""Per-tier markdown tables for the PR comment: absolute numbers first, from the typed reports."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def _c(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _f(x: float | None, digits: int = 3) -> str:
+    return "n/a" if x is None else f"{x:.{digits}g}"
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(_c(v) for v in row) + " |" for row in rows]
+    return out + [""]
+
+
+def evals(r: dict[str, Any]) -> list[str]:
+    """One row per suite: n, means, paired difference with its interval, McNemar, margin."""
+    rows, notes = [], []
+    for s in r.get("suites", []):
+        cmp = s.get("comparison") or {}
+        rows.append([s["suite"], cmp.get("n"), _f(cmp.get("mean_baseline")),
+                     _f(cmp.get("mean_candidate")),
+                     f"{cmp.get('diff', 0):+.3f} [{cmp.get('ci_low', 0):+.3f}, "
+                     f"{cmp.get('ci_high', 0):+.3f}]", _f(cmp.get("mcnemar_p")),
+                     f"±{s.get('margin')}", f"{s.get('identity_rate', 0):.0%}", s.get("outcome")])
+        notes += [f"- {s['suite']}: {d}" for d in s.get("deviations", [])]
+    out = _table(["suite", "n", "baseline", "candidate", "diff [95% CI]", "McNemar p",
+                  "margin", "identical outputs", "result"], rows)
+    return out + (["Deviations from the full suites:", *notes, ""] if notes else [])
+
+
+def _metric(point: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((m for m in point.get("metrics", []) if m["metric"] == name), None)
+
+
+def perf(r: dict[str, Any]) -> list[str]:
+    """One row per point: shape, TPOT on both sides, speedup with its interval, significance."""
+    rows = []
+    for p in r.get("points", []):
+        m = _metric(p, "tpot_ms_median")
+        if m is None:
+            continue
+        cmp, pr = m["comparison"], p["params"]
+        rows.append([p["point"], pr.get("batch"), pr.get("input_len"), pr.get("output_len"),
+                     _f(cmp["old"]["median"]), _f(cmp["new"]["median"]),
+                     f"{_f(m.get('speedup'))}", f"{_f(cmp['ci_low'])}-{_f(cmp['ci_high'])}",
+                     _f(cmp["p_value"]), cmp["verdict"], _f(p.get("acceptance_length"))])
+    out = ["TPOT in ms (median of repeats; speedup = baseline / candidate; interval of the "
+           "candidate/baseline ratio):", ""]
+    out += _table(["point", "batch", "in", "out", "TPOT base", "TPOT cand", "speedup",
+                   "ratio 95% CI", "p", "verdict", "accept len"], rows)
+    for a in r.get("agentic", []):
+        for m in a.get("metrics", []):
+            cmp = m["comparison"]
+            out.append(f"- {a['name']} {m['metric']}: {_f(cmp['old']['median'])} -> "
+                       f"{_f(cmp['new']['median'])} {m['unit']} ({cmp['verdict']}, "
+                       f"p {_f(cmp['p_value'])})")
+    if r.get("interactivity_formula"):
+        out += ["", f"Interactivity: {r['interactivity_formula']}"]
+    out += ["", *[f"Plot: `{p}` (in the bundle)" for p in r.get("plots", [])], ""]
+    return out
+
+
+def kernels(r: dict[str, Any]) -> list[str]:
+    """Cases per op with the worst errors; failed cases listed."""
+    by_op: dict[str, list[dict[str, Any]]] = {}
+    for case in r.get("cases", []):
+        by_op.setdefault(case["op"], []).append(case)
+    rows = [[op, len(cs), sum(c["passed"] for c in cs),
+             _f(max((c["max_abs_err"] or 0) for c in cs)),
+             _f(max((c["max_rel_err"] or 0) for c in cs))] for op, cs in sorted(by_op.items())]
+    out = [f"GPU: {r.get('gpu')}", ""]
+    out += _table(["op", "cases", "passed", "worst abs err", "worst rel err"], rows)
+    failed = [c for c in r.get("cases", []) if not c["passed"]]
+    return out + _table(["failed case", "abs", "rel"],
+                        [[f"{c['op']}[{c['case']}]", c["max_abs_err"], c["max_rel_err"]]
+                         for c in failed[:50]]) if failed else out
+
+
+def isolation(r: dict[str, Any]) -> list[str]:
+    """Class counts, then every path that is not plainly in scope."""
+    out = [", ".join(f"{k}: {v}" for k, v in (r.get("counts") or {}).items()), ""]
+    rows = [[c.get("path"), c.get("klass") or c.get("class") or c.get("classification"),
+             c.get("reason")] for c in r.get("changes", [])
+            if (c.get("klass") or c.get("class") or c.get("classification")) != "in_scope"]
+    return out + (_table(["path", "class", "reason"], rows[:100]) if rows else [])
+
+
+def outcomes(key: str) -> Callable[[dict[str, Any]], list[str]]:
+    """A table of named outcomes (features, proof)."""
+    def render(r: dict[str, Any]) -> list[str]:
+        rows = [[x.get("name") or x.get("tier"), x.get("outcome"), x.get("reason")]
+                for x in r.get(key, [])]
+        return _table(["item", "outcome", "reason"], rows) if rows else []
+    return render
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "evals": evals, "perf": perf, "kernels": kernels, "isolation": isolation,
+    "features": outcomes("features"), "proof": outcomes("tiers"),
+}

@@ -1,0 +1,138 @@
+"""The main job end to end: `k3ft validate` on the embedded cpu-demo profile starts two real
+vLLM CPU servers (SmolLM2-135M-Instruct; the candidate adds n-gram speculative decoding), runs
+the four eval suites through real lm-eval, the feature checks, a real perf sweep through
+`vllm bench serve`, and the proof tier, then signs the bundle. One run serves every test here.
+A second, smaller run kills the candidate server mid-suite and resumes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    return {**os.environ, "XDG_CONFIG_HOME": str(tmp / "config"), "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> tuple[Path, dict, subprocess.CompletedProcess]:
+    tmp = tmp_path_factory.mktemp("demo")
+    env = _env(tmp)
+    proc = subprocess.run([sys.executable, "-m", "k3fasttrack", "validate", "--out",
+                           str(tmp / "run"), "--json"], env=env, capture_output=True, text=True,
+                          cwd=ROOT, timeout=2400)
+    return tmp, env, proc
+
+
+def test_demo_runs_every_built_tier_and_signs(demo) -> None:
+    tmp, env, proc = demo
+    assert proc.returncode in (0, 1, 4), proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    tiers = {t["tier"]: t for t in result["tiers"]}
+    assert set(tiers) == {"isolation", "evals", "features", "perf", "proof"}
+    assert tiers["isolation"]["status"] == "NOT_RUN"  # no --repo/--base given
+    for tier in ("evals", "features", "perf", "proof"):
+        assert tiers[tier]["status"] in ("PASS", "FAIL"), tiers[tier]
+    expected = {"PASS": 0, "FAIL": 1, "INCOMPLETE": 4}[result["verdict"]]
+    assert proc.returncode == expected
+    signers = tmp / "config/k3ft/k3ft_ed25519.allowed_signers"
+    ver = subprocess.run([sys.executable, "-m", "k3fasttrack", "verify", result["archive"],
+                          "--allowed-signers", str(signers)], env=env, capture_output=True,
+                         text=True)
+    assert ver.returncode == 0, ver.stderr
+
+
+def test_demo_bundle_holds_raw_samples_and_plots(demo) -> None:
+    tmp, _, _ = demo
+    bundle = tmp / "run/bundle"
+    for suite in ("gsm8k", "aime25", "gpqa_diamond", "mrcr"):
+        for side in ("baseline", "candidate"):
+            rows = (bundle / f"evals/{suite}/{side}.jsonl").read_text().splitlines()
+            assert rows and all(json.loads(r)["side"] == side for r in rows)
+    samples = (bundle / "perf/samples.jsonl").read_text().splitlines()
+    points = {json.loads(s)["point"] for s in samples}
+    assert len(points) >= 4
+    perf = json.loads((bundle / "reports/perf.json").read_text())
+    for plot in perf["plots"]:
+        assert (bundle / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(perf["plots"]) >= 2
+    evals = json.loads((bundle / "reports/evals.json").read_text())
+    deviations = json.dumps(evals)
+    assert "synthetic" in deviations.lower()  # GPQA ran on the synthetic fixture, said so
+
+
+def test_demo_proof_saw_the_candidate_path_in_every_tier(demo) -> None:
+    tmp, _, _ = demo
+    proof = json.loads((tmp / "run/bundle/reports/proof.json").read_text())
+    assert proof["status"] == "PASS", proof["reason"]
+    text = json.dumps(proof)
+    for tier in ("evals", "features", "perf"):
+        assert tier in text
+
+
+def test_diff_of_two_demo_bundles_reports_per_point_changes(demo) -> None:
+    tmp, env, _ = demo
+    bundle = tmp / "run/bundle"
+    proc = subprocess.run([sys.executable, "-m", "k3fasttrack", "diff", str(bundle),
+                           str(bundle), "--json"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    diff = json.loads(proc.stdout)
+    assert diff["regressions"] == []
+    assert json.dumps(diff).count("tpot") >= 4
+
+
+def _tiny_profile(tmp: Path) -> Path:
+    suite = yaml.safe_load((ROOT / "eval_suites/demo/gsm8k.yaml").read_text())
+    suite["limit"] = 6
+    (tmp / "gsm8k.yaml").write_text(yaml.safe_dump(suite))
+    prof = yaml.safe_load((ROOT / "k3fasttrack/profiles/cpu-demo.yaml").read_text())
+    prof.update(name="cpu-demo-tiny", tiers=["evals", "proof"])
+    prof["evals"] = {"suites": [str(tmp / "gsm8k.yaml")]}
+    path = tmp / "tiny.yaml"
+    path.write_text(yaml.safe_dump(prof))
+    return path
+
+
+def test_candidate_killed_mid_suite_then_resume_completes(tmp_path) -> None:
+    env = _env(tmp_path)
+    profile = _tiny_profile(tmp_path)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "k3fasttrack", "validate", "--profile", str(profile),
+           "--out", str(out)]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    running = out / "bundle/cells/evals-gsm8k-candidate.running"
+    deadline = time.monotonic() + 600
+    while not running.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    assert running.exists(), "the candidate cell never started"
+    finished_before = sorted(p.name for p in (out / "bundle/cells").glob("*.json"))
+    victims = [c for c in psutil.Process(proc.pid).children(recursive=True)
+               if "api_server" in " ".join(c.cmdline()) and "speculative" in " ".join(c.cmdline())]
+    assert victims
+    for v in victims:
+        v.send_signal(signal.SIGKILL)
+    _, err = proc.communicate(timeout=900)
+    assert proc.returncode in (1, 3, 4), err[-2000:]
+    report = json.loads((out / "bundle/reports/evals.json").read_text())
+    assert report["status"] in ("FAIL", "INCOMPLETE")
+    assert "candidate" in json.dumps(report) and "log" in json.dumps(report).lower()
+    for name in finished_before:  # finished cells survive
+        assert (out / "bundle/cells" / name).exists()
+    resumed = subprocess.run(cmd + ["--resume", "--json"], env=env, cwd=ROOT,
+                             capture_output=True, text=True, timeout=900)
+    result = json.loads(resumed.stdout)
+    tiers = {t["tier"]: t["status"] for t in result["tiers"]}
+    assert tiers["evals"] in ("PASS", "FAIL"), resumed.stderr[-2000:]
+    assert (out / "bundle/cells/evals-gsm8k-candidate.json").exists()
+    assert "evals-gsm8k-baseline: done earlier, skipped" in resumed.stderr
