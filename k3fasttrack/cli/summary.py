@@ -22,8 +22,8 @@ def summary_command(
     from k3fasttrack.bundle.canonical import sha256_file
     from k3fasttrack.summary import render_summary
 
-    if max_chars < 2000:
-        raise BundleFormatError("--max-chars must be at least 2000")
+    if max_chars < 1000:
+        raise BundleFormatError("--max-chars must be at least 1000")
     archive_digest = sha256_file(bundle)[0] if bundle.is_file() else None
     with open_bundle(bundle) as root:
         if not (root / "run.json").is_file():
