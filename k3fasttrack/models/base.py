@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 
 TierName = Literal["isolation", "proof", "kernels", "evals", "features", "perf"]
 TIER_ORDER: tuple[TierName, ...] = ("isolation", "proof", "kernels", "evals", "features", "perf")

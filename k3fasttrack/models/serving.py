@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
+
 from k3fasttrack.models.base import Artefact, Record
 
 ServerMode = Literal["started", "attached"]
@@ -41,7 +43,7 @@ class ServerRecord(Record):
     """The exact command line (started mode); empty when attached."""
     log_file: str | None = None
     """Bundle-relative path of the server log (started mode)."""
-    effective: dict[str, str] = {}
+    effective: dict[str, str] = Field(default_factory=dict)
     """Flattened effective configuration (``source.key`` -> value as text)."""
 
 

@@ -1,0 +1,168 @@
+"""Proof signals: judge one claiming tier's evidence windows, per signal (pure; run and recompute).
+
+- ``spec_decode_counters`` (CPU demo): vLLM's speculation counters on ``/metrics`` grew on the
+  candidate during the tier's windows and did not grow on the baseline.
+- ``selection_trace`` (GPU backends): the backend's JSONL selection trace, read window by window
+  through the isolation tier's aggregator; specialized decode steps on the candidate, none on
+  the baseline.
+- ``kernel_names`` (GPU): kernel names in a torch-profiler trace (Chrome trace JSON) of the
+  window; every ``kernel_patterns`` regex matches on the candidate's trace, none on the baseline's.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from k3fasttrack.models.proof import EvidenceSide, PathEvidence, ProofSignal
+from k3fasttrack.models.trace import TraceRecord
+
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+GENERATED = "vllm:generation_tokens_total"
+SPECIALIZED = "specialized_steps"
+STOCK_DECODE = "stock_decode_steps"
+
+Verdict = tuple[bool, bool, str, dict[str, float], dict[str, float]]
+"""(passed, ran_stock, reason, candidate sums, baseline sums)."""
+
+
+def _sums(windows: Iterable[PathEvidence], side: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for ev in windows:
+        for name, value in ev.deltas.get(side, {}).items():
+            out[name] = out.get(name, 0.0) + value
+    return out
+
+
+def _traffic_windows(windows: list[PathEvidence], side: str) -> list[PathEvidence]:
+    return [w for w in windows if w.side in (side, "both")]
+
+
+def judge_counters(windows: list[PathEvidence]) -> Verdict:
+    """Speculation counters: candidate drafts and accepted tokens grew; the baseline's did not."""
+    cand_windows = _traffic_windows(windows, "candidate")
+    cand, base = _sums(cand_windows, "candidate"), _sums(windows, "baseline")
+    if not cand_windows:
+        return False, False, "no evidence window sent traffic to the candidate", cand, base
+    if any(DRAFTS in w.missing.get("candidate", ()) for w in cand_windows):
+        return False, True, "the candidate exposes no spec-decode counters (speculation off)", cand, base
+    if cand.get(GENERATED, 0.0) <= 0:
+        return False, False, "the candidate generated no tokens in the tier's windows", cand, base
+    if cand.get(DRAFTS, 0.0) <= 0 or cand.get(ACCEPTED, 0.0) <= 0:
+        why = (f"ran stock: candidate drafts +{cand.get(DRAFTS, 0):g}, accepted "
+               f"+{cand.get(ACCEPTED, 0):g} over {cand.get(GENERATED, 0):g} generated tokens")
+        return False, True, why, cand, base
+    if base.get(DRAFTS, 0.0) > 0:
+        why = (f"the baseline's spec-decode counters grew (+{base[DRAFTS]:g} drafts): "
+               "the switch is not the only difference")
+        return False, False, why, cand, base
+    why = f"candidate drafts +{cand[DRAFTS]:g}, accepted +{cand[ACCEPTED]:g}; baseline +0"
+    return True, False, why, cand, base
+
+
+def judge_trace(windows: list[PathEvidence]) -> Verdict:
+    """Selection trace: specialized steps on the candidate, none on the baseline."""
+    cand_windows = _traffic_windows(windows, "candidate")
+    cand, base = _sums(cand_windows, "candidate"), _sums(windows, "baseline")
+    if not cand_windows:
+        return False, False, "no selection-trace window for the candidate", cand, base
+    if cand.get(SPECIALIZED, 0.0) <= 0:
+        why = (f"ran stock: 0 specialized steps, {cand.get(STOCK_DECODE, 0):g} stock "
+               "decode steps in the selection trace")
+        return False, True, why, cand, base
+    if base.get(SPECIALIZED, 0.0) > 0:
+        return False, False, f"the baseline took {base[SPECIALIZED]:g} specialized steps", cand, base
+    return True, False, f"{cand[SPECIALIZED]:g} specialized steps on the candidate", cand, base
+
+
+def kernel_names(trace_file: Path) -> list[str]:
+    """Kernel names in a torch-profiler Chrome trace (``.json`` or ``.json.gz``)."""
+    raw = trace_file.read_bytes()
+    if trace_file.suffix == ".gz":
+        raw = gzip.decompress(raw)
+    events = json.loads(raw).get("traceEvents", [])
+    return [str(e["name"]) for e in events
+            if isinstance(e, dict) and "name" in e and str(e.get("cat", "")).lower() in
+            ("kernel", "gpu_kernel", "cuda_kernel")]
+
+
+def match_patterns(names: list[str], patterns: Iterable[str]) -> dict[str, int]:
+    """Per regex: how many kernel names match it (``re.search``)."""
+    return {p: sum(1 for n in names if re.search(p, n)) for p in patterns}
+
+
+def judge_kernels(windows: list[PathEvidence], patterns: tuple[str, ...], bundle_dir: Path) -> Verdict:
+    """Every pattern matches a kernel in the candidate's profiler trace and none in the baseline's."""
+    cand: dict[str, float] = {}
+    base: dict[str, float] = {}
+    for ev in windows:
+        if ev.source is None or ev.side == "both":
+            continue
+        counts = match_patterns(kernel_names(bundle_dir / ev.source), patterns)
+        into = cand if ev.side == "candidate" else base
+        for p, n in counts.items():
+            into[p] = into.get(p, 0.0) + n
+    if not patterns:
+        return False, False, "the profile names no kernel patterns", cand, base
+    if not cand:
+        return False, False, "no candidate profiler trace recorded", cand, base
+    unmatched = [p for p in patterns if cand.get(p, 0) <= 0]
+    if unmatched:
+        return False, True, f"ran stock: no kernel matches {unmatched[0]!r}", cand, base
+    leaked = [p for p in patterns if base.get(p, 0) > 0]
+    if leaked:
+        return False, False, f"baseline trace has kernels matching {leaked[0]!r}", cand, base
+    return True, False, f"all {len(patterns)} kernel patterns matched on the candidate", cand, base
+
+
+_TRACE: TypeAdapter[TraceRecord] = TypeAdapter(TraceRecord)
+
+
+def trace_offsets(paths: Iterable[Path]) -> dict[str, int]:
+    """Byte sizes of selection-trace files now (the start of a window)."""
+    return {str(p): p.stat().st_size if p.is_file() else 0 for p in paths}
+
+
+def trace_window(offsets: dict[str, int], *, tier: str, server_side: str,
+                 side: EvidenceSide = "both", cell: str | None = None) -> PathEvidence:
+    """Specialized and stock decode steps written to the trace files since ``offsets``.
+
+    Uses the isolation tier's aggregator (``summarize``) on the records of the window.
+    """
+    from k3fasttrack.tiers.isolation.runtime import WriterTrace, summarize
+
+    traces = []
+    for name, start in offsets.items():
+        with Path(name).open("rb") as fh:
+            fh.seek(start)
+            records = [_TRACE.validate_json(line) for line in fh if line.strip()]
+        traces.append(WriterTrace(source=name, records=records))
+    summary = summarize(traces)
+    stock = summary.stock_by_phase.get("decode", 0) + summary.stock_by_phase.get("verify", 0)
+    deltas = {server_side: {SPECIALIZED: float(sum(summary.specialized_by_phase.values())),
+                            STOCK_DECODE: float(stock)}}
+    return PathEvidence(tier=tier, side=side, signal="selection_trace", cell=cell, deltas=deltas)
+
+
+def judge(signal: ProofSignal, windows: list[PathEvidence], patterns: tuple[str, ...],
+          bundle_dir: Path) -> Verdict:
+    """Dispatch to the signal's judge with the windows of that signal only."""
+    mine = [w for w in windows if w.signal == signal]
+    if signal == "spec_decode_counters":
+        return judge_counters(mine)
+    if signal == "selection_trace":
+        return judge_trace(mine)
+    return judge_kernels(mine, patterns, bundle_dir)
+
+
+def parse_evidence(items: Iterable[Any]) -> list[PathEvidence]:
+    """Evidence dicts (as tiers store them) -> ``PathEvidence``; raises on a malformed entry."""
+    return [item if isinstance(item, PathEvidence) else PathEvidence.model_validate(item)
+            for item in items]

@@ -1,0 +1,165 @@
+"""Proof tier: every candidate tier that ran must show, from the profile's signals, that the
+candidate path ran (and that the baseline's did not). A tier whose candidate traffic ran only the
+stock path FAILS, and the report names it.
+
+Raw evidence: ``proof/evidence.jsonl``, one ``PathEvidence`` per line (every window every
+claiming tier recorded, plus the tier's status); ``recompute`` re-derives the verdict from it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from k3fasttrack.models.base import Check, TierStatus
+from k3fasttrack.models.plan import Cell
+from k3fasttrack.models.profile import Profile
+from k3fasttrack.models.proof import PathEvidence, ProofConfig, ProofReport, TierProof
+from k3fasttrack.models.reports import TierReport
+from k3fasttrack.pipeline.atomic import write_bytes_atomic
+from k3fasttrack.pipeline.context import NotRunnable, TierContext
+from k3fasttrack.tiers.proof.signals import judge, parse_evidence
+
+EVIDENCE_FILE = "proof/evidence.jsonl"
+
+
+def plan_cells(profile: Profile, tp: int, options: dict[str, object]) -> list[Cell]:
+    """The proof tier sends no traffic: it has no cells of its own."""
+    return []
+
+
+def judge_tier(tier: str, windows: list[PathEvidence], cfg: ProofConfig,
+               bundle_dir: Path) -> TierProof:
+    """One claiming tier against every signal of the profile."""
+    reasons: list[str] = []
+    passed, stock = True, False
+    cand: dict[str, float] = {}
+    base: dict[str, float] = {}
+    for signal in cfg.signals:
+        ok, ran_stock, why, c, b = judge(signal, windows, cfg.kernel_patterns, bundle_dir)
+        passed, stock = passed and ok, stock or ran_stock
+        reasons.append(f"{signal}: {why}")
+        cand.update(c)
+        base.update(b)
+    cand_windows = [w for w in windows if w.side in ("candidate", "both")]
+    grew = sum(1 for w in cand_windows
+               if any(v > 0 for k, v in w.deltas.get("candidate", {}).items()
+                      if "spec_decode" in k or k == "specialized_steps"))
+    if not windows:
+        passed, reasons = False, ["recorded no path evidence"]
+    outcome: Literal["pass", "fail"] = "pass" if passed else "fail"
+    prefix = "ran stock; " if stock else ""
+    return TierProof(tier=tier, outcome=outcome, reason=prefix + "; ".join(reasons),
+                     candidate=cand, baseline=base, windows=len(windows),
+                     candidate_windows=len(cand_windows), candidate_windows_with_growth=grew)
+
+
+def verdict(proofs: list[TierProof]) -> tuple[TierStatus, str, tuple[str, ...]]:
+    """Tier status, reason, and the tiers that ran stock."""
+    stock = tuple(p.tier for p in proofs if p.outcome == "fail" and p.reason.startswith("ran stock"))
+    failed = [p for p in proofs if p.outcome == "fail"]
+    if not proofs:
+        return "NOT_RUN", "no claiming tier ran, nothing to prove", stock
+    if failed:
+        head = (f"tiers that ran stock: {', '.join(stock)}" if stock else
+                f"no proof for: {', '.join(p.tier for p in failed)}")
+        return "FAIL", f"{head} ({failed[0].tier}: {failed[0].reason})", stock
+    return "PASS", f"candidate path shown in {', '.join(p.tier for p in proofs)}", stock
+
+
+def _collect(ctx: TierContext) -> tuple[dict[str, list[PathEvidence]], list[str]]:
+    """Evidence per claiming tier that ran; tiers whose evidence is unreadable are listed."""
+    out: dict[str, list[PathEvidence]] = {}
+    bad: list[str] = []
+    for name in ctx.profile.proof.claiming_tiers:
+        report = ctx.reports.get(name)
+        if report is None or report.status == "NOT_RUN":
+            continue
+        try:
+            out[name] = parse_evidence(getattr(report, "path_evidence", ()) or ())
+        except ValidationError:
+            bad.append(name)
+            out[name] = []
+    return out, bad
+
+
+def _write_evidence(bundle_dir: Path, evidence: dict[str, list[PathEvidence]]) -> None:
+    lines = []
+    for tier, windows in evidence.items():
+        lines.append(json.dumps({"claiming_tier": tier, "windows": len(windows)}, sort_keys=True))
+        lines.extend(json.dumps(w.model_dump(mode="json"), sort_keys=True) for w in windows)
+    write_bytes_atomic(bundle_dir / EVIDENCE_FILE, ("\n".join(lines) + "\n").encode())
+
+
+def read_evidence(bundle_dir: Path) -> dict[str, list[PathEvidence]]:
+    """``proof/evidence.jsonl`` back into evidence per claiming tier."""
+    out: dict[str, list[PathEvidence]] = {}
+    for line in (bundle_dir / EVIDENCE_FILE).read_text().splitlines():
+        if not line.strip():
+            continue
+        obj: dict[str, Any] = json.loads(line)
+        if "claiming_tier" in obj:
+            out.setdefault(obj["claiming_tier"], [])
+        else:
+            out.setdefault(obj["tier"], []).append(PathEvidence.model_validate(obj))
+    return out
+
+
+def run(ctx: TierContext) -> ProofReport:
+    """Judge every claiming tier that ran; write the evidence; build the report."""
+    cfg = ctx.profile.proof
+    if not cfg.signals:
+        raise NotRunnable("the profile names no proof signal")
+    evidence, unreadable = _collect(ctx)
+    _write_evidence(ctx.bundle_dir, evidence)
+    proofs = [judge_tier(t, w, cfg, ctx.bundle_dir) for t, w in evidence.items()]
+    proofs = [p if p.tier not in unreadable else
+              p.model_copy(update={"outcome": "fail", "reason": "path evidence unreadable"})
+              for p in proofs]
+    status, reason, stock = verdict(proofs)
+    checks = tuple(Check(name=f"candidate_path_in_{p.tier}", outcome=p.outcome, reason=p.reason)
+                   for p in proofs)
+    return ProofReport(status=status, reason=reason, checks=checks, raw_files=(EVIDENCE_FILE,),
+                       signals=cfg.signals, tiers=tuple(proofs), stock_tiers=stock)
+
+
+def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
+    """Re-derive each tier's proof and the verdict from ``proof/evidence.jsonl``."""
+    if not isinstance(report, ProofReport):
+        return [f"expected a proof report, got {report.tier}"]
+    if report.status == "NOT_RUN" and not report.tiers:
+        return []
+    path = bundle_dir / EVIDENCE_FILE
+    if not path.is_file():
+        return [f"raw evidence {EVIDENCE_FILE} is missing"]
+    cfg = ProofConfig(signals=report.signals, kernel_patterns=_patterns(bundle_dir))
+    evidence = read_evidence(bundle_dir)
+    problems: list[str] = []
+    proofs = [judge_tier(t, w, cfg, bundle_dir) for t, w in evidence.items()]
+    recorded = {p.tier: p for p in report.tiers}
+    for proof in proofs:
+        mine = recorded.get(proof.tier)
+        if mine is None:
+            problems.append(f"{proof.tier}: evidence present but no verdict in the report")
+        elif mine.outcome != proof.outcome:
+            problems.append(f"{proof.tier}: evidence gives {proof.outcome}, report says {mine.outcome}")
+    for tier in set(recorded) - set(evidence):
+        problems.append(f"{tier}: verdict in the report but no evidence in {EVIDENCE_FILE}")
+    status, _, stock = verdict(proofs)
+    if status != report.status:
+        problems.append(f"evidence gives status {status}, report says {report.status}")
+    if tuple(sorted(stock)) != tuple(sorted(report.stock_tiers)):
+        problems.append(f"stock tiers recompute to {list(stock)}, report says {list(report.stock_tiers)}")
+    return problems
+
+
+def _patterns(bundle_dir: Path) -> tuple[str, ...]:
+    """Kernel patterns from the bundle's ``profile.json`` (the profile the run used)."""
+    profile = bundle_dir / "profile.json"
+    if not profile.is_file():
+        return ()
+    data = json.loads(profile.read_text())
+    return tuple(data.get("proof", {}).get("kernel_patterns", ()))

@@ -1,0 +1,106 @@
+"""MXFP4 layout (reference/mxfp4.py) and the MoE op's input checks, on the CPU.
+
+The checks run before any compile or launch: CPU tensors reach every check but the last
+(device) one, so each bad input must raise its own `MoeInputError` message with no GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.k3_decode.ops.moe.op import MoeInputError, check_inputs, moe_experts
+from backend.k3_decode.reference.moe import glu_mlp, routed_experts
+from backend.k3_decode.reference.mxfp4 import dequantize, quantize, random_mxfp4, unpack_e2m1
+
+U8 = torch.uint8
+
+
+def test_nibble_order_and_code_values():
+    """Low nibble is the even element (vLLM's `evens | odds << 4`); codes 0..15 map to E2M1."""
+    packed = torch.tensor([[0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE]], dtype=U8)
+    want = [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6]
+    assert unpack_e2m1(packed)[0].tolist() == want
+
+
+def test_scale_applies_per_32_block():
+    packed = torch.full((1, 32), 0x22, dtype=U8)  # 64 values of 1.0
+    scale = torch.tensor([[127, 130]], dtype=U8)
+    vals = dequantize(packed, scale)[0]
+    assert vals[:32].eq(1.0).all() and vals[32:].eq(8.0).all()
+
+
+def test_quantize_roundtrip_is_exact_on_representable_values():
+    g = torch.Generator().manual_seed(0)
+    packed, scale = random_mxfp4((3, 64), g)
+    w = dequantize(packed, scale)
+    p2, s2 = quantize(w)
+    assert torch.equal(dequantize(p2, s2), w)
+
+
+def test_reference_glu_on_dequantised_experts_matches_routed_experts():
+    """The GPU test's reference (per expert glu_mlp) agrees with reference.moe.routed_experts."""
+    g = torch.Generator().manual_seed(1)
+    e, inter, lat = 4, 128, 64
+    w13 = dequantize(*random_mxfp4((e, 2 * inter, lat), g))
+    w2 = dequantize(*random_mxfp4((e, lat, inter), g))
+    z = torch.randn(2, lat, generator=g, dtype=torch.float64)
+    ids = torch.tensor([[0, 2], [3, 2]])
+    w = torch.tensor([[0.25, 0.75], [0.5, 0.5]], dtype=torch.float64)
+    a = routed_experts(z, w, ids, w13, w2)
+    b = torch.stack([sum(w[t, s] * glu_mlp(z[t:t + 1], w13[ids[t, s]], w2[ids[t, s]])[0]
+                         for s in range(2)) for t in range(2)])
+    assert torch.allclose(a, b)
+
+
+def good(t: int = 2, e: int = 8, inter: int = 128, lat: int = 512, k: int = 4) -> dict:
+    """Valid CPU inputs for `check_inputs`."""
+    return {"z": torch.randn(t, lat).bfloat16(), "topk_w": torch.rand(t, k),
+            "topk_ids": torch.zeros(t, k, dtype=torch.int32),
+            "w13": torch.zeros(e, 2 * inter, lat // 2, dtype=U8),
+            "w13_scale": torch.zeros(e, 2 * inter, lat // 32, dtype=U8),
+            "w2": torch.zeros(e, lat, inter // 2, dtype=U8),
+            "w2_scale": torch.zeros(e, lat, inter // 32, dtype=U8),
+            "out": torch.empty(t, lat).bfloat16(), "act": torch.empty(t * k, inter)}
+
+
+def raises(match: str, **changes) -> None:
+    kw = good()
+    kw.update(changes)
+    with pytest.raises(MoeInputError, match=match):
+        check_inputs(**kw)
+
+
+def test_valid_cpu_inputs_stop_only_at_the_device_check():
+    with pytest.raises(MoeInputError, match="needs CUDA tensors"):
+        check_inputs(**good())
+    with pytest.raises(MoeInputError, match="needs CUDA tensors"):
+        moe_experts(**{k: v for k, v in good().items() if k not in ("out", "act")})
+
+
+def test_unsupported_shapes():
+    raises("latent width 256 must be a multiple of 512", **good(lat=256))
+    raises("intermediate .* multiple of 128", **good(inter=192))
+    raises("top_k=33", **good(k=33))
+    raises("65 tokens", **good(t=65))
+
+
+@pytest.mark.parametrize("name,bad,match", [
+    ("z", lambda t: t.float(), "z must be torch.bfloat16"),
+    ("topk_w", lambda t: t.double(), "topk_w must be torch.float32"),
+    ("topk_ids", lambda t: t.long(), "topk_ids must be torch.int32"),
+    ("w13", lambda t: t.to(torch.int8), "w13 must be torch.uint8"),
+    ("w13_scale", lambda t: t[:, :, :-1], r"w13_scale must have shape"),
+    ("w2", lambda t: t[:, :, :-1], r"w2 must have shape"),
+    ("w2_scale", lambda t: t.float(), "w2_scale must be torch.uint8"),
+    ("out", lambda t: t.float(), "out must be torch.bfloat16"),
+    ("act", lambda t: t[:-1], "act must have shape"),
+    ("w2", lambda t: t.transpose(0, 1).contiguous().transpose(0, 1), "w2 must be contiguous"),
+])
+def test_bad_tensors(name, bad, match):
+    raises(match, **{name: bad(good()[name])})
+
+
+def test_misaligned_z_rows():
+    z = torch.randn(2, 512 + 1).bfloat16()[:, :512]
+    raises("row strides", z=z)

@@ -1,0 +1,132 @@
+"""K3 router kernel on the GPU against the float64 reference (`reference.moe.route`).
+
+Checked per case: the fp32 sigmoid scores against float64; the chosen ids EXACTLY against a
+stable sort of the kernel's own fp32 `score + bias` (descending, ties to the lower index: the
+documented tie-break), so no near-tie in float64 vs fp32 can make the test flaky; the weights
+against float64 scores gathered at those ids. Fresh random inputs, NaN-poisoned outputs, every
+case recorded through `record_case`. 896 and 224 experts, batch 1..64, exact ties, a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.k3_decode.testing import check_and_record, poison_, record_case
+
+pytestmark = pytest.mark.gpu
+OP = "router"
+HIDDEN = 7168
+
+
+def make_inputs(t: int, e: int, seed: int, row_pad: int = 0) -> dict:
+    """x [T, 7168] bf16 (optionally a strided view), gate_w [E, 7168] bf16, bias [E] fp32."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(t, HIDDEN + row_pad, generator=g).to(torch.bfloat16).cuda()[:, :HIDDEN]
+    w = (torch.randn(e, HIDDEN, generator=g) * 0.02).to(torch.bfloat16).cuda()
+    bias = (torch.randn(e, generator=g) * 0.1).cuda()
+    return {"x": x, "gate_w": w, "bias": bias}
+
+
+def run_kernel(inp: dict, top_k: int = 16, scaling: float = 1.0):
+    from backend.k3_decode.ops.router import route
+
+    t, e = inp["x"].shape[0], inp["gate_w"].shape[0]
+    out = (poison_(torch.empty(t, top_k, device="cuda")),
+           poison_(torch.empty(t, top_k, dtype=torch.int32, device="cuda")),
+           poison_(torch.empty(t, e, device="cuda")))
+    route(inp["x"], inp["gate_w"], inp["bias"], top_k, scaling, out=out)
+    torch.cuda.synchronize()
+    return out
+
+
+def expected_ids(scores: torch.Tensor, bias: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Stable descending sort of fp32 `scores + bias`: equal values keep the lower index first."""
+    biased = scores.float() + bias.float()
+    return torch.sort(biased, dim=-1, descending=True, stable=True).indices[:, :top_k].int()
+
+
+def check(case: str, inp: dict, top_k: int = 16, scaling: float = 1.0) -> None:
+    """Scores vs float64, ids exact vs the stable sort, weights vs float64 at those ids."""
+    w_out, ids, scores = run_kernel(inp, top_k, scaling)
+    ref_scores = torch.sigmoid(inp["x"].double() @ inp["gate_w"].double().T)
+    ok, msg = check_and_record(OP, f"{case}/scores", scores, ref_scores, 1e-5, 1e-4)
+    assert ok, msg
+    want = expected_ids(scores, inp["bias"], top_k)
+    mismatches = int((ids.long() != want.long()).sum().item())
+    record_case(op=OP, case=f"{case}/ids", dtype="int32", max_abs_err=float(mismatches),
+                max_rel_err=float(mismatches) / want.numel(), atol=0.0, rtol=0.0,
+                passed=mismatches == 0)
+    assert mismatches == 0, f"{case}: {mismatches} ids differ\n{ids[:2]}\n{want[:2]}"
+    chosen = ref_scores.gather(-1, ids.long())
+    ref_w = chosen / chosen.sum(-1, keepdim=True) * scaling
+    ok, msg = check_and_record(OP, f"{case}/weights", w_out, ref_w, 1e-6, 1e-4)
+    assert ok, msg
+
+
+@pytest.mark.parametrize("experts", [896, 224])
+@pytest.mark.parametrize("batch", [1, 5, 64])
+def test_router_matches_reference(experts: int, batch: int) -> None:
+    """Batch 1..64 (odd batch included) at 896 and 224 experts, top-16."""
+    check(f"e{experts}/b{batch}", make_inputs(batch, experts, seed=experts + batch))
+
+
+def test_router_strided_x_and_scaling() -> None:
+    """x as a strided view into a wider projection; routed_scaling_factor 2.5; top-8."""
+    inp = make_inputs(5, 896, seed=3, row_pad=512)
+    assert not inp["x"].is_contiguous()
+    check("e896/b5/strided/top8/scale2.5", inp, top_k=8, scaling=2.5)
+
+
+def test_router_ties_break_to_lower_index() -> None:
+    """All-equal scores pick experts 0..15 in order; duplicated rows tie and the lower id wins."""
+    inp = make_inputs(8, 896, seed=5)
+    inp["gate_w"][:, :] = 0
+    inp["bias"][:] = 0.25
+    _, ids, _ = run_kernel(inp)
+    flat_ok = bool((ids.cpu() == torch.arange(16, dtype=torch.int32)).all())
+    record_case(op=OP, case="e896/b8/all_tied/ids", dtype="int32", max_abs_err=0.0 if flat_ok
+                else 1.0, max_rel_err=0.0, atol=0.0, rtol=0.0, passed=flat_ok)
+    assert flat_ok, ids
+    inp = make_inputs(8, 896, seed=6)
+    hot = torch.zeros(896, device="cuda")
+    for lo, hi in ((700, 12), (300, 301), (55, 5)):
+        inp["gate_w"][lo] = inp["gate_w"][hi]
+        inp["bias"][lo] = inp["bias"][hi]
+        hot[[lo, hi]] = 5.0  # push the tied pairs into the top-16
+    inp["bias"] += hot
+    check("e896/b8/duplicated_rows", inp)
+    _, ids, _ = run_kernel(inp)
+    for a, b in ((12, 700), (300, 301), (5, 55)):
+        pos = [(ids[0] == a).nonzero().item(), (ids[0] == b).nonzero().item()]
+        assert pos[0] < pos[1], f"expert {a} should come before its tie {b}: {ids[0]}"
+
+
+def test_router_cuda_graph_replays_new_inputs() -> None:
+    """Captured once, replayed with new x: the ticket counter resets and results follow x."""
+    from backend.k3_decode.ops.router import route
+
+    a, b = make_inputs(8, 896, seed=11), make_inputs(8, 896, seed=12)
+    x = a["x"].clone()
+    out = (torch.empty(8, 16, device="cuda"), torch.empty(8, 16, dtype=torch.int32,
+                                                          device="cuda"),
+           torch.empty(8, 896, device="cuda"))
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        route(x, a["gate_w"], a["bias"], out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        route(x, a["gate_w"], a["bias"], out=out)
+    for i, src in enumerate((b["x"], a["x"], b["x"])):
+        x.copy_(src)
+        poison_(out[0])
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = torch.sigmoid(src.double() @ a["gate_w"].double().T)
+        want = expected_ids(out[2], a["bias"], 16)
+        ids_ok = bool((out[1] == want).all())
+        chosen = ref.gather(-1, out[1].long())
+        ok, msg = check_and_record(OP, f"e896/b8/graph_replay{i}/weights", out[0],
+                                   chosen / chosen.sum(-1, keepdim=True), 1e-6, 1e-4)
+        assert ok and ids_ok, msg

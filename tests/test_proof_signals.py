@@ -1,0 +1,156 @@
+"""Proof tier judgements on recorded evidence (no servers: the evidence records are what the
+serving tiers write; the live path is covered in test_serving.py and test_proof_stock.py)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from k3fasttrack.models.evals import EvalsReport
+from k3fasttrack.models.features import FeaturesReport
+from k3fasttrack.models.perf import PerfReport
+from k3fasttrack.models.proof import PathEvidence, ProofConfig, ProofReport
+from k3fasttrack.models.trace import StartupDecision, StepDecision
+from k3fasttrack.pipeline.atomic import write_bytes_atomic
+from k3fasttrack.tiers.proof import signals
+from k3fasttrack.tiers.proof.tier import EVIDENCE_FILE, judge_tier, recompute, verdict
+
+DRAFTS, ACC, GEN = signals.DRAFTS, signals.ACCEPTED, signals.GENERATED
+
+
+def window(tier: str, cand: dict[str, float], base: dict[str, float] | None = None,
+           side: str = "both", cand_missing: tuple[str, ...] = ()) -> PathEvidence:
+    deltas = {"candidate": cand, "baseline": base or {GEN: 50.0}}
+    return PathEvidence(tier=tier, side=side, deltas=deltas,  # type: ignore[arg-type]
+                        missing={"candidate": cand_missing, "baseline": (DRAFTS, ACC)})
+
+
+GROWING = {DRAFTS: 12.0, ACC: 20.0, GEN: 64.0}
+FLAT = {DRAFTS: 0.0, ACC: 0.0, GEN: 64.0}
+CFG = ProofConfig(signals=("spec_decode_counters",))
+
+
+def test_counters_growing_on_candidate_only_pass(tmp_path: Path) -> None:
+    proof = judge_tier("evals", [window("evals", GROWING)], CFG, tmp_path)
+    assert proof.outcome == "pass"
+    assert proof.candidate[DRAFTS] == 12.0 and proof.candidate_windows_with_growth == 1
+
+
+def test_flat_counters_fail_as_stock(tmp_path: Path) -> None:
+    proof = judge_tier("perf", [window("perf", FLAT), window("perf", FLAT)], CFG, tmp_path)
+    assert proof.outcome == "fail" and proof.reason.startswith("ran stock")
+
+
+def test_candidate_without_spec_counters_is_stock(tmp_path: Path) -> None:
+    ev = window("features", {GEN: 30.0}, cand_missing=(DRAFTS, ACC))
+    proof = judge_tier("features", [ev], CFG, tmp_path)
+    assert proof.outcome == "fail" and "no spec-decode counters" in proof.reason
+
+
+def test_baseline_growth_fails(tmp_path: Path) -> None:
+    ev = window("evals", GROWING, base={DRAFTS: 3.0, ACC: 1.0, GEN: 9.0})
+    proof = judge_tier("evals", [ev], CFG, tmp_path)
+    assert proof.outcome == "fail" and "baseline" in proof.reason
+
+
+def test_baseline_only_windows_do_not_prove_candidate(tmp_path: Path) -> None:
+    proof = judge_tier("evals", [window("evals", GROWING, side="baseline")], CFG, tmp_path)
+    assert proof.outcome == "fail"
+
+
+def test_no_evidence_fails(tmp_path: Path) -> None:
+    proof = judge_tier("evals", [], CFG, tmp_path)
+    assert proof.outcome == "fail" and "no path evidence" in proof.reason
+
+
+def test_verdict_names_every_stock_tier(tmp_path: Path) -> None:
+    proofs = [judge_tier("evals", [window("evals", FLAT)], CFG, tmp_path),
+              judge_tier("features", [window("features", GROWING)], CFG, tmp_path),
+              judge_tier("perf", [window("perf", FLAT)], CFG, tmp_path)]
+    status, reason, stock = verdict(proofs)
+    assert status == "FAIL" and stock == ("evals", "perf")
+    assert "evals, perf" in reason
+    assert verdict([proofs[1]])[0] == "PASS"
+    assert verdict([])[0] == "NOT_RUN"
+
+
+def _run_proof(tmp_path: Path, reports: dict[str, object]) -> ProofReport:
+    from test_serving_support import make_ctx
+
+    from k3fasttrack.tiers.proof.tier import run
+
+    ctx = make_ctx(tmp_path, reports=reports)
+    return run(ctx)
+
+
+@pytest.fixture
+def reports() -> dict[str, object]:
+    ev_ok = window("evals", GROWING).model_dump(mode="json")
+    ev_flat = window("features", FLAT).model_dump(mode="json")
+    return {
+        "evals": EvalsReport(status="PASS", reason="ok", path_evidence=(ev_ok,)),
+        "features": FeaturesReport(status="PASS", reason="ok", path_evidence=(ev_flat,)),
+        "perf": PerfReport(status="NOT_RUN", reason="skipped"),
+    }
+
+
+def test_run_writes_evidence_and_recompute_agrees(tmp_path: Path, reports: dict[str, object]) -> None:
+    report = _run_proof(tmp_path, reports)
+    assert report.status == "FAIL" and report.stock_tiers == ("features",)
+    assert [p.tier for p in report.tiers] == ["evals", "features"]  # perf did not run
+    assert (tmp_path / EVIDENCE_FILE).is_file() and report.raw_files == (EVIDENCE_FILE,)
+    assert recompute(report, tmp_path) == []
+
+
+def test_recompute_catches_tampered_evidence(tmp_path: Path, reports: dict[str, object]) -> None:
+    report = _run_proof(tmp_path, reports)
+    path = tmp_path / EVIDENCE_FILE
+    path.write_text(path.read_text().replace('"vllm:spec_decode_num_drafts_total": 0.0',
+                                             '"vllm:spec_decode_num_drafts_total": 5.0')
+                    .replace('"vllm:spec_decode_num_accepted_tokens_total": 0.0',
+                             '"vllm:spec_decode_num_accepted_tokens_total": 5.0'))
+    problems = recompute(report, tmp_path)
+    assert any("features: evidence gives pass" in p for p in problems)
+    assert any("status PASS" in p for p in problems)
+
+
+def test_kernel_names_matched_in_profiler_trace(tmp_path: Path) -> None:
+    events = [{"name": "KdaSplitKernel_0", "cat": "kernel"}, {"name": "WaveMoeTail", "cat": "kernel"},
+              {"name": "KdaSplit (cpu op)", "cat": "cpu_op"}]
+    trace = tmp_path / "cand.json.gz"
+    trace.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    stock = tmp_path / "base.json"
+    stock.write_text(json.dumps({"traceEvents": [{"name": "fused_kda_decode", "cat": "kernel"}]}))
+    assert signals.match_patterns(signals.kernel_names(trace), ["^Kda", "MoeTail"]) == {
+        "^Kda": 1, "MoeTail": 1}
+    cfg = ProofConfig(signals=("kernel_names",), kernel_patterns=("^Kda", "MoeTail"))
+    wins = [PathEvidence(tier="perf", side="candidate", signal="kernel_names", source=trace.name),
+            PathEvidence(tier="perf", side="baseline", signal="kernel_names", source=stock.name)]
+    assert judge_tier("perf", wins, cfg, tmp_path).outcome == "pass"
+    cfg2 = ProofConfig(signals=("kernel_names",), kernel_patterns=("^Kda", "Oproj"))
+    failed = judge_tier("perf", wins, cfg2, tmp_path)
+    assert failed.outcome == "fail" and "Oproj" in failed.reason
+
+
+def test_selection_trace_window_counts_only_new_steps(tmp_path: Path) -> None:
+    trace = tmp_path / "rank0.jsonl"
+
+    def step(i: int, path: str) -> str:
+        return StepDecision(step=i, num_tokens=4, num_reqs=4, query_len=1, phase="decode",
+                            path=path).model_dump_json() + "\n"  # type: ignore[arg-type]
+
+    start = StartupDecision(backend="k3", enabled=True).model_dump_json() + "\n"
+    write_bytes_atomic(trace, (start + step(0, "specialized")).encode())
+    offsets = signals.trace_offsets([trace])
+    with trace.open("a") as fh:
+        fh.write(step(1, "stock") + step(2, "specialized") + step(3, "specialized"))
+    ev = signals.trace_window(offsets, tier="evals", server_side="candidate", side="candidate")
+    assert ev.deltas["candidate"] == {signals.SPECIALIZED: 2.0, signals.STOCK_DECODE: 1.0}
+    cfg = ProofConfig(signals=("selection_trace",))
+    assert judge_tier("evals", [ev], cfg, tmp_path).outcome == "pass"
+    stock_only = signals.trace_window(signals.trace_offsets([trace]), tier="evals",
+                                      server_side="candidate", side="candidate")
+    assert judge_tier("evals", [stock_only], cfg, tmp_path).outcome == "fail"
