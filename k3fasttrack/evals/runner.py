@@ -51,6 +51,8 @@ def normalise(suite: Suite, side: Side, raw: list[dict[str, Any]]) -> list[EvalS
                 score=float(s[metric]),
                 prompt_sha256=hashlib.sha256(_prompt_text(s).encode()).hexdigest(),
                 output=_output_text(s),
+                # GPQA's authors ask that questions not be posted in plain text: hash only.
+                prompt=None if suite.data.kind == "gpqa_zip" else _prompt_text(s),
             )
         )
     if not out:

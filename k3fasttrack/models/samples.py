@@ -23,6 +23,9 @@ class EvalSample(Record):
     """1.0/0.0 for exact-match suites; a ratio in [0, 1] for MRCR."""
     prompt_sha256: str
     output: str
+    prompt: str | None = None
+    """The exact prompt sent (text, or chat messages as JSON); None where the dataset's authors
+    ask that its questions not be published (GPQA). The perf tier resends these."""
     output_token_ids: tuple[int, ...] | None = None
 
 
