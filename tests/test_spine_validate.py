@@ -203,3 +203,13 @@ def test_isolation_runs_when_repo_given(tmp_path, env, changed, outcome, code) -
     assert result["verdict"] == outcome
     iso = json.loads((out / "bundle/reports/isolation.json").read_text())
     assert iso["status"] == outcome
+
+
+def test_missing_signing_key_refused_before_any_work(tmp_path, env, profile) -> None:
+    out = tmp_path / "run"
+    proc = k3ft("validate", "--profile", str(profile), "--out", str(out), "--key",
+                str(tmp_path / "no-such-key"), env=env)
+    assert proc.returncode == 2
+    assert "no-such-key" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not out.exists()

@@ -98,6 +98,10 @@ def validate_command(
         except Exception as exc:  # a dry run reports, it does not refuse
             typer.echo(f"k3ft: {getattr(exc, 'message', exc)}", err=True)
         raise typer.Exit(EXIT_PASS)
+    if key is not None and sign:
+        from k3fasttrack.bundle import load_signing_key
+
+        load_signing_key(key)  # a missing or unusable key is refused before hours of work
     env = preflight(prof, tp_size)
     run_out = out or _default_out(prof.name, tp_size, resume)
     opts = ValidateOptions(profile=prof, tp=tp_size, out=run_out, resume=resume, key=key,
