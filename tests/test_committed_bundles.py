@@ -31,3 +31,13 @@ def test_h200_kernel_bundle_ran_on_an_h200() -> None:
     assert env["gpus"][0]["name"] == "NVIDIA H200"
     kernels = json.loads((root / "reports/kernels.json").read_text())
     assert kernels["status"] == "PASS" and kernels["passed"] == 267 and kernels["failed"] == 0
+
+
+def test_h200_backend2_bundle_covers_every_op() -> None:
+    import json
+
+    root = BUNDLES / "h200-kernels-backend2-2026-11-29/bundle"
+    kernels = json.loads((root / "reports/kernels.json").read_text())
+    ops = {c["op"] for c in kernels["cases"]}
+    assert {"kda_decode", "mla_decode", "router", "moe_mxfp4", "gemv", "attn_res_norm"} <= ops
+    assert kernels["status"] == "PASS" and kernels["failed"] == 0

@@ -40,13 +40,16 @@ def tier_detail(report: TierReport) -> Detail:
             lines += RENDERERS[report.tier](data)
         except (KeyError, TypeError) as exc:  # a table must never hide the report
             lines += [f"_(table unavailable: {type(exc).__name__} {exc})_", ""]
-    shown = [c for c in report.checks if c.outcome != "pass"] or list(report.checks)
+    shown = [c for c in report.checks if c.outcome != "pass"]
     if shown:
         lines += ["| check | outcome | reason |", "|---|---|---|"]
         lines += [f"| {_cell(c.name)} | {c.outcome} | {_cell(c.reason)} |" for c in shown]
-        if len(shown) < len(report.checks):
-            lines.append(f"\n{len(report.checks) - len(shown)} more check(s) passed.")
         lines.append("")
+    passed = len(report.checks) - len(shown)
+    if passed:
+        names = ", ".join(c.name for c in report.checks if c.outcome == "pass")
+        lines += [f"{passed} check(s) passed: {names[:600]}{'...' if len(names) > 600 else ''}",
+                  ""]
     if report.raw_files:
         more = len(report.raw_files) - 10
         lines.append("Raw files: " + ", ".join(f"`{p}`" for p in report.raw_files[:10])

@@ -1,0 +1,156 @@
+"""AttnRes (attention residuals) fused with the following input RMSNorm, in CuTe DSL.
+
+One CTA (256 threads) per token; thread `tid` owns elements `4*(tid + 256*i) .. +3` of the
+hidden row (8-byte bf16 vectors, coalesced), i < H / 1024, so the whole row's mix stays in
+registers. Steps, matching vLLM 0.33.0's `_attn_res_kernel` and the float64 reference:
+  1. prefix (+ delta, rounded to bf16 and written back in place); a block-write layer stores it
+     into `blocks[:, block_write_idx]`;
+  2. for each source (the first `num_blocks` saved blocks, then the prefix), one pass over its
+     bytes: CTA reductions of sum(x^2) and x . (norm_w * proj_w) give its logit
+     `rsqrt(mean(x^2) + eps) * x . q`; an online softmax (running max, rescaled sums) folds the
+     source into the mix. Every source byte is read once.
+  3. output RMSNorm of the mix (eps_out) times its weight, bf16 out.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+from cutlass import cute
+from cutlass.memory import SmemAllocator
+
+from backend.k3_decode.ops.gemv.device import BF16, F32, I32, I64, vec
+
+THREADS = 256
+WARPS = THREADS // 32
+V = 4  # bf16 per 8-byte vector
+
+
+@cute.jit
+def _load_row(base: cute.Pointer, regs: cute.Tensor, per: cutlass.Constexpr):
+    """regs[4*i + e] = base[4*(tid + 256*i) + e] as fp32."""
+    tid, _, _ = cute.arch.thread_idx()
+    cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BF16, num_bits_per_copy=64)
+    for i in cutlass.range_constexpr(per):
+        r = cute.make_rmem_tensor((V,), BF16)
+        cute.copy(cp, vec(base + (tid + THREADS * i) * V, BF16, V, 8), r)
+        for e in cutlass.range_constexpr(V):
+            regs[V * i + e] = r[e].to(F32)
+
+
+@cute.jit
+def _store_row(base: cute.Pointer, regs: cute.Tensor, per: cutlass.Constexpr):
+    """base[4*(tid + 256*i) + e] = bf16(regs[4*i + e])."""
+    tid, _, _ = cute.arch.thread_idx()
+    cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BF16, num_bits_per_copy=64)
+    for i in cutlass.range_constexpr(per):
+        r = cute.make_rmem_tensor((V,), BF16)
+        for e in cutlass.range_constexpr(V):
+            r[e] = regs[V * i + e].to(BF16)
+        cute.copy(cp, r, vec(base + (tid + THREADS * i) * V, BF16, V, 8))
+
+
+@cute.jit
+def _cta_sum2(a: F32, b: F32, red: cute.Tensor, slot: cutlass.Constexpr):
+    """CTA-wide sums of a and b (each slot of `red` is used once: one barrier per call)."""
+    warp = cute.arch.warp_idx()
+    lane = cute.arch.lane_idx()
+    a = cute.arch.warp_reduction_sum(a)
+    b = cute.arch.warp_reduction_sum(b)
+    if lane == 0:
+        red[slot * 2 * WARPS + warp] = a
+        red[slot * 2 * WARPS + WARPS + warp] = b
+    cute.arch.barrier()
+    sa = F32(0.0)
+    sb = F32(0.0)
+    for w in cutlass.range_constexpr(WARPS):
+        sa += red[slot * 2 * WARPS + w]
+        sb += red[slot * 2 * WARPS + WARPS + w]
+    return sa, sb
+
+
+@cute.kernel
+def attn_res_kernel(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Pointer,
+                    norm_w: cute.Pointer, proj_w: cute.Pointer, out_w: cute.Pointer,
+                    out: cute.Pointer, block_write_idx: I32, ld_prefix: I64, ld_delta: I64,
+                    ld_blk_t: I64, ld_blk_s: I64, ld_out: I64, h: cutlass.Constexpr,
+                    num_blocks: cutlass.Constexpr, has_delta: cutlass.Constexpr,
+                    write_block: cutlass.Constexpr, out_norm: cutlass.Constexpr,
+                    eps: cutlass.Constexpr, out_eps: cutlass.Constexpr):
+    """One token: prefix update, online-softmax mix over the sources, output RMSNorm."""
+    tok, _, _ = cute.arch.block_idx()
+    per = h // (THREADS * V)
+    n = per * V
+    smem = SmemAllocator()
+    red = smem.allocate_tensor(F32, cute.make_layout(((num_blocks + 2) * 2 * WARPS,)),
+                               byte_alignment=16)
+    qk = cute.make_rmem_tensor((n,), F32)
+    tmp = cute.make_rmem_tensor((n,), F32)
+    _load_row(norm_w, qk, per)
+    _load_row(proj_w, tmp, per)
+    for i in cutlass.range_constexpr(n):
+        qk[i] = qk[i] * tmp[i]
+    pre = cute.make_rmem_tensor((n,), F32)
+    p_row = prefix + tok.to(I64) * ld_prefix
+    _load_row(p_row, pre, per)
+    if cutlass.const_expr(has_delta):
+        _load_row(delta + tok.to(I64) * ld_delta, tmp, per)
+        for i in cutlass.range_constexpr(n):
+            pre[i] = (pre[i] + tmp[i]).to(BF16).to(F32)
+        _store_row(p_row, pre, per)
+    blk_row = blocks + tok.to(I64) * ld_blk_t
+    if cutlass.const_expr(write_block):
+        _store_row(blk_row + block_write_idx.to(I64) * ld_blk_s, pre, per)
+    mix = cute.make_rmem_tensor((n,), F32)
+    for i in cutlass.range_constexpr(n):
+        mix[i] = F32(0.0)
+    m = F32(float("-inf"))
+    den = F32(0.0)
+    for s in cutlass.range_constexpr(num_blocks + 1):
+        src = pre
+        if cutlass.const_expr(s < num_blocks):
+            _load_row(blk_row + s * ld_blk_s, tmp, per)
+            src = tmp
+        ss = F32(0.0)
+        dt = F32(0.0)
+        for i in cutlass.range_constexpr(n):
+            ss += src[i] * src[i]
+            dt += src[i] * qk[i]
+        ss, dt = _cta_sum2(ss, dt, red, s)
+        logit = dt * cute.rsqrt(ss * F32(1.0 / h) + F32(eps))
+        new_m = cute.arch.fmax(m, logit)
+        a = cute.exp(m - new_m)
+        b = cute.exp(logit - new_m)
+        den = den * a + b
+        for i in cutlass.range_constexpr(n):
+            mix[i] = mix[i] * a + b * src[i]
+        m = new_m
+    inv = F32(1.0) / den
+    for i in cutlass.range_constexpr(n):
+        mix[i] = mix[i] * inv
+    if cutlass.const_expr(out_norm):
+        ss = F32(0.0)
+        for i in cutlass.range_constexpr(n):
+            ss += mix[i] * mix[i]
+        ss, _ = _cta_sum2(ss, F32(0.0), red, num_blocks + 1)
+        r = cute.rsqrt(ss * F32(1.0 / h) + F32(out_eps))
+        _load_row(out_w, tmp, per)
+        for i in cutlass.range_constexpr(n):
+            mix[i] = mix[i] * r * tmp[i]
+    _store_row(out + tok.to(I64) * ld_out, mix, per)
+
+
+@cute.jit
+def attn_res_launch(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Pointer,
+                    norm_w: cute.Pointer, proj_w: cute.Pointer, out_w: cute.Pointer,
+                    out: cute.Pointer, n_tok: I32, block_write_idx: I32, ld_prefix: I64,
+                    ld_delta: I64, ld_blk_t: I64, ld_blk_s: I64, ld_out: I64,
+                    stream: cuda.CUstream, h: cutlass.Constexpr, num_blocks: cutlass.Constexpr,
+                    has_delta: cutlass.Constexpr, write_block: cutlass.Constexpr,
+                    out_norm: cutlass.Constexpr, eps: cutlass.Constexpr,
+                    out_eps: cutlass.Constexpr):
+    """Host side: one CTA per token on the caller's stream (CUDA-graph safe)."""
+    attn_res_kernel(prefix, delta, blocks, norm_w, proj_w, out_w, out, block_write_idx,
+                    ld_prefix, ld_delta, ld_blk_t, ld_blk_s, ld_out, h, num_blocks, has_delta,
+                    write_block, out_norm, eps, out_eps).launch(
+        grid=(n_tok, 1, 1), block=(THREADS, 1, 1), stream=stream)

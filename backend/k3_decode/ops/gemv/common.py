@@ -1,0 +1,90 @@
+"""Shared pieces of the backend-II kernels (GEMV, router, MXFP4 MoE, AttnRes).
+
+Host side: the compile target, typed pointers, and the input-check helpers every op uses to
+raise its own error class before anything is compiled or launched.
+Device side (`@cute.jit` helpers, inlined into the kernels): 16-byte vector views, bit casts,
+and the E2M1 (MXFP4) decoding used by the MoE kernels.
+
+E2M1 decoding without a table: a nibble `s e1 e0 m` placed as f16 bits `s00e1e0m0..` (sign to
+bit 15, exponent/mantissa to bits 11..9) is the f16 number `v * 2^-14` for every code, the
+subnormal `e = 0` cases included (0 and 0.5). Two nibbles four apart in a 32-bit word become one
+f16x2 word with two shifts and two masks; the `2^14` goes into the per-32 E8M0 scale
+(`2^(s-127) * 2^14 = 2^(s-113)`), applied once per 32 products.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+F16_LO = "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; cvt.f32.f16 $0, lo; }"
+F16_HI = "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; cvt.f32.f16 $0, hi; }"
+BITS_F32 = "mov.b32 $0, $1;"
+
+
+def target_arch() -> str:
+    """The arch to compile for: CUTE_DSL_ARCH, else the current GPU's (sm_90a / sm_100a)."""
+    arch = os.environ.get("CUTE_DSL_ARCH")
+    if arch:
+        return arch
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return f"sm_{major}{minor}a"
+    return "sm_100a"
+
+
+def need(cond: bool, err: type[Exception], op: str, msg: str) -> None:
+    """Raise `err(f"{op}: {msg}")` unless `cond`."""
+    if not cond:
+        raise err(f"{op}: {msg}")
+
+
+def check_tensor(err: type[Exception], op: str, name: str, t: torch.Tensor, dtype: torch.dtype,
+                 shape: tuple[int, ...], row_strided: bool = False) -> None:
+    """dtype, shape, unit inner stride, 16-byte aligned base (and rows when `row_strided`)."""
+    need(isinstance(t, torch.Tensor), err, op, f"{name} must be a torch.Tensor")
+    need(t.dtype == dtype, err, op, f"{name} must be {dtype}, got {t.dtype}")
+    need(tuple(t.shape) == tuple(shape), err, op,
+         f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    need(t.numel() == 0 or t.stride(-1) == 1, err, op, f"{name} must have a unit last stride")
+    if row_strided and t.dim() >= 2:
+        need(all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1]), err, op,
+             f"{name} row strides {t.stride()[:-1]} are not multiples of 16 bytes")
+    else:
+        need(t.is_contiguous(), err, op, f"{name} must be contiguous")
+    need(t.data_ptr() % 16 == 0, err, op, f"{name} base address is not 16-byte aligned")
+
+
+def check_device(err: type[Exception], op: str, *tensors: torch.Tensor) -> torch.device:
+    """All tensors on one CUDA device (checked last, so CPU tests reach every other check)."""
+    dev = tensors[0].device
+    need(all(t.device == dev for t in tensors), err, op, "all tensors must be on one device")
+    need(dev.type == "cuda", err, op, f"the kernel needs CUDA tensors, got {dev}")
+    return dev
+
+
+def ptr(t: torch.Tensor, align: int = 16):
+    """A CuTe gmem pointer to `t`'s data with the alignment the checks guaranteed."""
+    import cutlass
+    from cutlass import cute
+    from cutlass.cute.runtime import make_ptr
+
+    dt = {torch.bfloat16: cutlass.BFloat16, torch.float32: cutlass.Float32,
+          torch.int32: cutlass.Int32, torch.uint8: cutlass.Uint8}[t.dtype]
+    return make_ptr(dt, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=align)
+
+
+def fake_ptr(dtype, align: int = 16):
+    """A placeholder gmem pointer for a GPU-free compile."""
+    from cutlass import cute
+    from cutlass.cute.runtime import make_ptr
+
+    return make_ptr(dtype, 16, cute.AddressSpace.gmem, assumed_align=align)
+
+
+def stream_of(dev: torch.device):
+    """The caller's current stream as a CUstream (taken fresh on every call: graph-safe)."""
+    import cuda.bindings.driver as cuda
+
+    return cuda.CUstream(torch.cuda.current_stream(dev).cuda_stream)

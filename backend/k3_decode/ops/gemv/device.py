@@ -1,0 +1,85 @@
+"""Device-side helpers shared by the backend-II kernels (inlined into each kernel).
+
+See `common.py` for the E2M1 decoding trick. Everything here is plain SIMT: loads, integer
+ops, `cvt.f32.f16` and warp shuffles, which sm_90a and sm_100a both have.
+"""
+
+from __future__ import annotations
+
+import cutlass
+from cutlass import cute
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from backend.k3_decode.ops.gemv.common import BITS_F32, F16_HI, F16_LO
+
+F32 = cutlass.Float32
+BF16 = cutlass.BFloat16
+U32 = cutlass.Uint32
+U8 = cutlass.Uint8
+I32 = cutlass.Int32
+I64 = cutlass.Int64
+NEG_INF = float("-inf")
+
+
+def _asm_f32(asm: str, v, loc, ip) -> F32:
+    return F32(llvm.inline_asm(T.f32(), [U32(v).ir_value(loc=loc, ip=ip)], asm, "=f,r",
+                               has_side_effects=False, is_align_stack=False,
+                               asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def f16_lo(v, *, loc=None, ip=None) -> F32:
+    """The low f16 half of a 32-bit word, as f32."""
+    return _asm_f32(F16_LO, v, loc, ip)
+
+
+@dsl_user_op
+def f16_hi(v, *, loc=None, ip=None) -> F32:
+    """The high f16 half of a 32-bit word, as f32."""
+    return _asm_f32(F16_HI, v, loc, ip)
+
+
+@dsl_user_op
+def bits_f32(v, *, loc=None, ip=None) -> F32:
+    """Reinterpret 32 bits as an f32."""
+    return _asm_f32(BITS_F32, v, loc, ip)
+
+
+def vec(base: cute.Pointer, dtype, n: int, align: int) -> cute.Tensor:
+    """An n-element contiguous gmem tensor at `base`, with the alignment the host checked."""
+    p = cute.make_ptr(dtype, base.toint(), cute.AddressSpace.gmem, assumed_align=align)
+    return cute.make_tensor(p, cute.make_layout((n,)))
+
+
+def flat(base: cute.Pointer, n: int = 1 << 30) -> cute.Tensor:
+    """A 1-D view of `base` for scalar indexing."""
+    return cute.make_tensor(base, cute.make_layout((n,)))
+
+
+def sigmoid(x):
+    """1 / (1 + exp(-x)) in fp32."""
+    return F32(1.0) / (F32(1.0) + cute.exp(-x))
+
+
+def tanh(x):
+    """tanh(x) = sign(x) * (1 - e^{-2|x|}) / (1 + e^{-2|x|}) in fp32 (no overflow)."""
+    a = cute.exp(F32(-2.0) * cute.math.abs(x))
+    return cute.math.copysign((F32(1.0) - a) / (F32(1.0) + a), x)
+
+
+def situ(gate, up, beta: float, linear_beta: float):
+    """SiTU-GLU: `beta*tanh(gate/beta)*sigmoid(gate) * lb*tanh(up/lb)` in fp32."""
+    g = F32(beta) * tanh(gate * F32(1.0 / beta)) * sigmoid(gate)
+    return g * F32(linear_beta) * tanh(up * F32(1.0 / linear_beta))
+
+
+def e8m0_scale_times_2p14(s) -> F32:
+    """`2^(s-127) * 2^14` as an f32, built from bits (valid for E8M0 codes 0..240)."""
+    return bits_f32((U32(s) + U32(14)) << U32(23))
+
+
+def e2m1_pair(word, i: int):
+    """f16x2 bits of the E2M1 nibbles `i` and `i + 4` of `word` (each value times 2^-14)."""
+    v = word >> U32(4 * i)
+    return ((v << U32(12)) & U32(0x80008000)) | ((v << U32(9)) & U32(0x0E000E00))

@@ -1,0 +1,97 @@
+"""Small-batch projection `y[T, N] = x[T, K] @ W[N, K]^T` (BF16 in, fp32 accumulate) in CuTe DSL.
+
+Weight-streaming SIMT GEMV: one warp per weight row (8 warps per CTA), each lane reads 16-byte
+vectors of the row (8 bf16) at stride 32 vectors, in groups of up to 8 vectors issued before
+any arithmetic (bytes in flight), and multiplies them with `tt` token rows of x (the token tile,
+a compile-time 1, 2, 4 or 8; x is tiny and served from L1/L2). A warp shuffle reduction gives
+each (row, token) dot product. Grid: (ceil(N / 8), ceil(T / tt), 1); token tiles beyond the
+first re-read the weights (from L2 when they fit).
+
+`row_dot` is the shared core; the router kernel (`ops/router`) calls it too.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+from cutlass import cute
+
+from backend.k3_decode.ops.gemv.device import BF16, F32, I32, I64, vec
+
+WARPS = 8
+THREADS = WARPS * 32
+VEC = 8  # bf16 per 16-byte vector
+
+
+def group_size(per_lane: int) -> int:
+    """Vectors per lane issued together: the largest divisor of `per_lane` that is <= 8."""
+    return max(d for d in range(1, min(per_lane, 8) + 1) if per_lane % d == 0)
+
+
+@cute.jit
+def row_dot(w_row: cute.Pointer, x: cute.Pointer, ld_x: I64, tok0: I32, n_tok: I32,
+            acc: cute.Tensor, k: cutlass.Constexpr, tt: cutlass.Constexpr):
+    """acc[t] = lane's partial of W[row] . x[tok0 + t] over its vectors (tokens clamped to T-1)."""
+    lane = cute.arch.lane_idx()
+    nvec = k // VEC
+    per_lane = (nvec + 31) // 32
+    gs = group_size(per_lane)
+    cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BF16, num_bits_per_copy=128)
+    for t in cutlass.range_constexpr(tt):
+        acc[t] = F32(0.0)
+    for g in cutlass.range_constexpr(per_lane // gs):
+        wr = cute.make_rmem_tensor((VEC, gs), BF16)
+        for i in cutlass.range_constexpr(gs):
+            c = lane + 32 * (g * gs + i)
+            if cutlass.const_expr(nvec % 32 == 0):
+                cute.copy(cp, vec(w_row + c * VEC, BF16, VEC, 16), wr[None, i])
+            else:
+                if c < nvec:
+                    cute.copy(cp, vec(w_row + c * VEC, BF16, VEC, 16), wr[None, i])
+        for t in cutlass.range_constexpr(tt):
+            tok = cutlass.min(tok0 + t, n_tok - 1)
+            for i in cutlass.range_constexpr(gs):
+                c = lane + 32 * (g * gs + i)
+                if cutlass.const_expr(nvec % 32 == 0):
+                    xr = cute.make_rmem_tensor((VEC,), BF16)
+                    cute.copy(cp, vec(x + (tok.to(I64) * ld_x + c * VEC), BF16, VEC, 16), xr)
+                    for e in cutlass.range_constexpr(VEC):
+                        acc[t] += wr[e, i].to(F32) * xr[e].to(F32)
+                else:
+                    if c < nvec:
+                        xr = cute.make_rmem_tensor((VEC,), BF16)
+                        cute.copy(cp, vec(x + (tok.to(I64) * ld_x + c * VEC), BF16, VEC, 16),
+                                  xr)
+                        for e in cutlass.range_constexpr(VEC):
+                            acc[t] += wr[e, i].to(F32) * xr[e].to(F32)
+    for t in cutlass.range_constexpr(tt):
+        acc[t] = cute.arch.warp_reduction_sum(acc[t])
+
+
+@cute.kernel
+def gemv_kernel(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I32, n_tok: I32,
+                ld_x: I64, ld_y: I64, k: cutlass.Constexpr, tt: cutlass.Constexpr):
+    """One warp per weight row, `tt` tokens per CTA; y is bf16 or fp32 (y's pointer type)."""
+    lane = cute.arch.lane_idx()
+    warp = cute.arch.warp_idx()
+    rb, tb, _ = cute.arch.block_idx()
+    row = rb * WARPS + warp
+    tok0 = tb * tt
+    if row < n_rows:
+        acc = cute.make_rmem_tensor((tt,), F32)
+        row_dot(w + row.to(I64) * k, x, ld_x, tok0, n_tok, acc, k, tt)
+        if lane == 0:
+            yt = cute.make_tensor(y, cute.make_layout((1 << 30,)))
+            for t in cutlass.range_constexpr(tt):
+                if tok0 + t < n_tok:
+                    yt[(tok0 + t).to(I64) * ld_y + row] = acc[t].to(y.dtype)
+
+
+@cute.jit
+def gemv_launch(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I32, n_tok: I32,
+                ld_x: I64, ld_y: I64, stream: cuda.CUstream, k: cutlass.Constexpr,
+                tt: cutlass.Constexpr):
+    """Host side: grid (ceil(N/8), ceil(T/tt)) on the caller's stream (CUDA-graph safe)."""
+    gemv_kernel(x, w, y, n_rows, n_tok, ld_x, ld_y, k, tt).launch(
+        grid=((n_rows + WARPS - 1) // WARPS, (n_tok + tt - 1) // tt, 1),
+        block=(THREADS, 1, 1), stream=stream)

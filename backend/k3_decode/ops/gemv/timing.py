@@ -1,0 +1,62 @@
+"""Timing for the backend-II benchmarks: CUDA-graph replay over input sets rotated past L2.
+
+`time_rotated(make_call, sets)` builds `sets` independent calls (each with its own weights, so
+together they exceed L2), captures them back to back in one CUDA graph, replays it after a
+warm-up, and returns the median time per call in microseconds (CUDA events around each replay).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import torch
+
+CEILING_TBS = 4.18  # measured device-to-device copy ceiling of the H200 (issue 8, NOTES.md)
+
+
+def sets_for(bytes_per_set: int, factor: float = 3.0, lo: int = 2, hi: int = 64) -> int:
+    """How many rotated input sets make the graph's working set >= factor x L2."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    return max(lo, min(hi, int(factor * l2 // max(bytes_per_set, 1)) + 1))
+
+
+def time_rotated(calls: list[Callable[[], object]], replays: int = 15,
+                 warm_ms: float = 30.0) -> float:
+    """Median microseconds per call of `calls` captured back to back in one CUDA graph."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for c in calls:
+            c()  # compile + module load before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for c in calls:
+            c()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    spent = 0.0
+    while spent < warm_ms:
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        spent += start.elapsed_time(end)
+    samples = []
+    for _ in range(replays):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000.0 / len(calls))
+    return statistics.median(samples)
+
+
+def row(cells: list[object]) -> str:
+    """A markdown table row."""
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def frac(nbytes: int, us: float) -> tuple[str, str]:
+    """(TB/s, fraction of the ceiling) as strings."""
+    tbs = nbytes / (us * 1e-6) / 1e12
+    return f"{tbs:.2f}", f"{100 * tbs / CEILING_TBS:.0f}%"

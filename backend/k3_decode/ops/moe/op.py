@@ -1,0 +1,127 @@
+"""Torch-facing MXFP4 routed experts: checks before launch, cached compile, launch.
+
+`moe_experts(z, topk_w, topk_ids, w13, w13_scale, w2, w2_scale, out=None, beta=4.0,
+linear_beta=25.0)` returns `out [T, L]` bf16 = sum over the k slots (in slot order) of
+`topk_w[t, s] * W2_e . SiTU-GLU(W13_e . z[t])`, e = topk_ids[t, s], with MXFP4 expert weights in
+vLLM 0.33.0's layout (see `backend/k3_decode/reference/mxfp4.py`):
+  z [T, L] bf16 (rows may be strided), topk_w [T, k] fp32, topk_ids [T, k] int32,
+  w13 [E, 2I, L/2] uint8, w13_scale [E, 2I, L/32] uint8, w2 [E, L, I/2] uint8,
+  w2_scale [E, L, I/32] uint8.
+Supported: L a multiple of 512, I a multiple of 128 (K3: L = 3584; I = 384 at TP8, 256 at TP16),
+k in 1..32, any E up to 4096 (896, 224, ...), T in 1..64. `act` (fp32 [T*k, I]) is the SiTU
+workspace; pass one to keep the call allocation-free inside a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from backend.k3_decode.ops.gemv.common import (
+    check_device,
+    check_tensor,
+    fake_ptr,
+    need,
+    ptr,
+    stream_of,
+    target_arch,
+)
+
+OP = "moe_experts"
+MAX_TOKENS = 64
+MAX_EXPERTS = 4096
+U8 = torch.uint8
+
+
+class MoeInputError(ValueError):
+    """An input the MXFP4 MoE kernels do not support; raised before any launch."""
+
+
+@dataclass(frozen=True)
+class MoeKey:
+    """What a compiled variant is specialised on."""
+
+    latent: int
+    inter: int
+    top_k: int
+    experts: int
+    beta: float
+    linear_beta: float
+    arch: str
+
+
+def check_inputs(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
+                 w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
+                 w2_scale: torch.Tensor, out: torch.Tensor,
+                 act: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """Validate every input; returns `(T, L, I, k, E)` or raises `MoeInputError`."""
+    err = MoeInputError
+    need(z.dim() == 2 and topk_ids.dim() == 2 and w13.dim() == 3, err, OP,
+         "z must be [T, L], topk_ids [T, k], w13 [E, 2I, L/2]")
+    t, lat = z.shape
+    k = topk_ids.shape[1]
+    e, two_i, _ = w13.shape
+    inter = two_i // 2
+    need(1 <= t <= MAX_TOKENS, err, OP, f"{t} tokens is outside 1..{MAX_TOKENS}")
+    need(lat % 512 == 0 and lat > 0, err, OP, f"latent width {lat} must be a multiple of 512")
+    need(two_i % 2 == 0 and inter % 128 == 0 and inter > 0, err, OP,
+         f"intermediate {two_i}/2 must be a positive multiple of 128")
+    need(1 <= k <= 32, err, OP, f"top_k={k} must be in 1..32")
+    need(1 <= e <= MAX_EXPERTS, err, OP, f"{e} experts is outside 1..{MAX_EXPERTS}")
+    check_tensor(err, OP, "z", z, torch.bfloat16, (t, lat), row_strided=True)
+    check_tensor(err, OP, "topk_w", topk_w, torch.float32, (t, k))
+    check_tensor(err, OP, "topk_ids", topk_ids, torch.int32, (t, k))
+    check_tensor(err, OP, "w13", w13, U8, (e, 2 * inter, lat // 2))
+    check_tensor(err, OP, "w13_scale", w13_scale, U8, (e, 2 * inter, lat // 32))
+    check_tensor(err, OP, "w2", w2, U8, (e, lat, inter // 2))
+    check_tensor(err, OP, "w2_scale", w2_scale, U8, (e, lat, inter // 32))
+    check_tensor(err, OP, "out", out, torch.bfloat16, (t, lat), row_strided=True)
+    check_tensor(err, OP, "act", act, torch.float32, (t * k, inter))
+    check_device(err, OP, z, topk_w, topk_ids, w13, w13_scale, w2, w2_scale, out, act)
+    return t, lat, inter, k, e
+
+
+@functools.cache
+def compile_moe(key: MoeKey, extra_options: str = ""):
+    """Compile (once per key) the two-kernel MoE launcher; no GPU is needed."""
+    import cuda.bindings.driver as cuda
+    import cutlass
+    from cutlass import cute
+
+    from backend.k3_decode.ops.moe.kernel import moe_launch
+
+    bf, f32, i32, u8 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32, cutlass.Uint8
+    args = [fake_ptr(bf), fake_ptr(i32, 4), fake_ptr(f32, 4), fake_ptr(u8), fake_ptr(u8, 1),
+            fake_ptr(u8), fake_ptr(u8, 1), fake_ptr(f32), fake_ptr(bf, 2), i32(1),
+            cutlass.Int64(1), cutlass.Int64(1), cuda.CUstream(0)]
+    return cute.compile(moe_launch, *args, key.latent, key.inter, key.top_k, key.experts,
+                        key.beta, key.linear_beta,
+                        options=f"--gpu-arch {key.arch} {extra_options}".strip())
+
+
+def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
+                w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
+                w2_scale: torch.Tensor, out: torch.Tensor | None = None,
+                beta: float = 4.0, linear_beta: float = 25.0,
+                act: torch.Tensor | None = None) -> torch.Tensor:
+    """Run the MXFP4 expert kernels (see the module docstring); returns `out`."""
+    for name, v in (("z", z), ("topk_ids", topk_ids), ("w13", w13)):
+        need(isinstance(v, torch.Tensor), MoeInputError, OP, f"{name} must be a torch.Tensor")
+    need(z.dim() == 2 and topk_ids.dim() == 2 and w13.dim() == 3, MoeInputError, OP,
+         "z must be [T, L], topk_ids [T, k], w13 [E, 2I, L/2]")
+    if out is None:
+        out = torch.empty(z.shape, dtype=torch.bfloat16, device=z.device)
+    if act is None:
+        act = torch.empty(topk_ids.numel(), w13.shape[1] // 2, dtype=torch.float32,
+                          device=z.device)
+    t, lat, inter, k, e = check_inputs(z, topk_w, topk_ids, w13, w13_scale, w2, w2_scale,
+                                       out, act)
+    fn = compile_moe(MoeKey(lat, inter, k, e, float(beta), float(linear_beta), target_arch()))
+    import cutlass
+
+    fn(ptr(z), ptr(topk_ids, 4), ptr(topk_w, 4), ptr(w13), ptr(w13_scale, 1), ptr(w2),
+       ptr(w2_scale, 1), ptr(act), ptr(out, 2), cutlass.Int32(t), cutlass.Int64(z.stride(0)),
+       cutlass.Int64(out.stride(0)), stream_of(z.device))
+    return out
