@@ -19,7 +19,7 @@ import pytest
 from k3fasttrack.bundle import safe_extract, verify_bundle, write_archive
 from k3fasttrack.bundle.errors import UnsafeEntryError
 from k3fasttrack.errors import BundleFormatError
-from test_bundle_support import make_bundle, make_key
+from bundle_support import make_bundle, make_key
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from k3fasttrack.bundle.canonical import canonical_json
 from k3fasttrack.bundle.errors import SigningKeyError, UntrustedSignerError
 from k3fasttrack.bundle.manifest import build_manifest
 from k3fasttrack.cli import keygen, verify
-from test_bundle_support import PROFILE, make_bundle, make_key, write_evidence
+from bundle_support import PROFILE, make_bundle, make_key, write_evidence
 
 SSH_KEYGEN = shutil.which("ssh-keygen")
 

@@ -18,7 +18,7 @@ from k3fasttrack.bundle.errors import (
     SummaryMismatchError, UntrustedSignerError,
 )
 from k3fasttrack.errors import VerificationError
-from test_bundle_support import GIT_COMMIT, PROFILE, make_bundle, make_key
+from bundle_support import GIT_COMMIT, PROFILE, make_bundle, make_key
 
 PRINCIPAL = "alice@example.org"
 
@@ -175,7 +175,7 @@ def test_regenerated_manifest_without_a_new_signature_fails(signer, bundle_modif
 
 def test_report_citing_a_raw_file_outside_the_bundle_fails(tmp_path, signer):
     from k3fasttrack.bundle.errors import ReportInvalidError
-    from test_bundle_support import write_evidence
+    from bundle_support import write_evidence
 
     bundle = tmp_path / "b"
     write_evidence(bundle)
@@ -188,7 +188,7 @@ def test_report_citing_a_raw_file_outside_the_bundle_fails(tmp_path, signer):
 
 def test_run_record_that_does_not_validate_fails(tmp_path, signer):
     from k3fasttrack.bundle.errors import ReportInvalidError
-    from test_bundle_support import write_evidence
+    from bundle_support import write_evidence
 
     bundle = tmp_path / "b"
     write_evidence(bundle)
@@ -209,7 +209,7 @@ def test_signing_is_deterministic_and_replaces_old_attestations(signer, genuine_
 
 def _signed_with(tmp_path, signer, *, verdict="FAIL", profile=PROFILE, extra=None):
     """A bundle with optional extra top-level files, signed with the given claims."""
-    from test_bundle_support import write_evidence
+    from bundle_support import write_evidence
 
     bundle = tmp_path / "claims"
     write_evidence(bundle)

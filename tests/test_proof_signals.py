@@ -78,7 +78,7 @@ def test_verdict_names_every_stock_tier(tmp_path: Path) -> None:
 
 
 def _run_proof(tmp_path: Path, reports: dict[str, object]) -> ProofReport:
-    from test_serving_support import make_ctx
+    from serving_support import make_ctx
 
     from k3fasttrack.tiers.proof.tier import run
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_serving_support import NOOP_SWITCH, demo_profile, make_ctx
+from serving_support import NOOP_SWITCH, demo_profile, make_ctx
 
 from k3fasttrack.models.features import FeaturesConfig
 from k3fasttrack.serving import pair_service

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_serving_support import demo_profile, make_ctx
+from serving_support import demo_profile, make_ctx
 
 from k3fasttrack.serving import (
     ServerDied,
