@@ -81,14 +81,22 @@ def test_demo_proof_saw_the_candidate_path_in_every_tier(demo) -> None:
 
 
 def test_diff_of_two_demo_bundles_reports_per_point_changes(demo) -> None:
+    """This run against the demo bundle committed from an earlier run (another machine, another
+    day): every sweep point is reported with its change; a bundle against itself has none."""
     tmp, env, _ = demo
     bundle = tmp / "run/bundle"
-    proc = subprocess.run([sys.executable, "-m", "k3fasttrack", "diff", str(bundle),
-                           str(bundle), "--json"], env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    old = ROOT / "bundles/cpu-demo-2026-11-29/bundle.tar.gz"
+    proc = subprocess.run([sys.executable, "-m", "k3fasttrack", "diff", str(old), str(bundle),
+                           "--json"], env=env, capture_output=True, text=True)
+    assert proc.returncode in (0, 1), proc.stderr
     diff = json.loads(proc.stdout)
-    assert diff["regressions"] == []
-    assert json.dumps(diff).count("tpot") >= 4
+    text = json.dumps(diff)
+    for point in ("b1-in64", "b1-in256", "b4-in64", "b4-in256"):
+        assert point in text
+    assert (proc.returncode == 1) == bool(diff["regressions"])
+    same = subprocess.run([sys.executable, "-m", "k3fasttrack", "diff", str(bundle),
+                           str(bundle), "--json"], env=env, capture_output=True, text=True)
+    assert same.returncode == 0 and json.loads(same.stdout)["regressions"] == []
 
 
 def _tiny_profile(tmp: Path) -> Path:
