@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,12 +9,8 @@ import typer
 
 from k3fasttrack.errors import EXIT_CODES_HELP, EXIT_FAIL, EXIT_INCOMPLETE, EXIT_INFRA, EXIT_PASS
 from k3fasttrack.models.evals import EvalsReport
-from k3fasttrack.models.plan import Plan
 from k3fasttrack.models.profile import Profile
-from k3fasttrack.pipeline.atomic import write_json_atomic
-from k3fasttrack.pipeline.cells import CellStore
-from k3fasttrack.pipeline.context import NotRunnable, TierContext
-from k3fasttrack.pipeline.progress import StderrProgress
+from k3fasttrack.pipeline.single import run_single_tier
 
 REPORT_PATH = "reports/evals.json"
 
@@ -34,46 +29,10 @@ def run_evals(
     ``services`` may hand in an already started server pair (``{"servers": pair}``); the caller
     then owns it. Otherwise a pair is started and stopped here.
     """
-    from k3fasttrack.tiers.evals import SPEC
-
-    opts = dict(options or {})
-    cells = SPEC.plan_cells(profile, tp, opts)
-    store = CellStore(out / "cells")
-    if not resume:
-        for cell in cells:
-            (store.root / f"{cell.id}.json").unlink(missing_ok=True)
-    plan = Plan(
-        profile=profile.name,
-        tp=tp,
-        tiers=("evals",),
-        cells=tuple(cells),
-        command=("k3ft", *sys.argv[1:]),
-    )
-    with StderrProgress(len(cells)) as progress:
-        ctx = TierContext(
-            profile=profile,
-            plan=plan,
-            cells=tuple(cells),
-            store=store,
-            bundle_dir=out,
-            work_dir=out.with_name(out.name + ".work"),
-            tp=tp,
-            resume=resume,
-            progress=progress,
-            options=opts,
-            services=services if services is not None else {},
-        )
-        try:
-            report = SPEC.run(ctx)
-        except NotRunnable as exc:
-            report = EvalsReport(status="NOT_RUN", reason=str(exc))
-        finally:
-            for close in reversed(ctx.closers):
-                close()
+    report = run_single_tier("evals", profile, out, tp=tp, resume=resume, options=options,
+                             services=services)
     assert isinstance(report, EvalsReport)
-    write_json_atomic(out / REPORT_PATH, report.model_dump(mode="json"))
     return report
-
 
 def _f(x: float | None, fmt: str = ".3f") -> str:
     return "n/a" if x is None else format(x, fmt)

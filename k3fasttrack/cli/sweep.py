@@ -7,15 +7,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 
-from k3fasttrack.errors import EXIT_FAIL, EXIT_INCOMPLETE, EXIT_PASS, ProfileError
+from k3fasttrack.errors import EXIT_FAIL, EXIT_INCOMPLETE, EXIT_PASS
 from k3fasttrack.models.perf import PerfReport
-from k3fasttrack.models.plan import Plan
 from k3fasttrack.models.profile import Profile
-from k3fasttrack.pipeline.atomic import write_json_atomic
-from k3fasttrack.pipeline.cells import CellStore
-from k3fasttrack.pipeline.context import NotRunnable, TierContext
+from k3fasttrack.pipeline.single import run_single_tier
+from k3fasttrack.profiles import load_profile
 
 REPORT_PATH = "reports/perf.json"
 
@@ -28,23 +25,6 @@ class _StderrProgress:
         print(f"[perf] {message}", file=sys.stderr)
 
 
-def load_profile_any(name: str) -> Profile:
-    """A shipped profile by name (the lead's loader), or a profile YAML file by path."""
-    path = Path(name)
-    if path.is_file():
-        try:
-            return Profile.model_validate(yaml.safe_load(path.read_text()))
-        except (yaml.YAMLError, ValueError) as exc:
-            raise ProfileError(f"{path}: invalid profile ({str(exc).splitlines()[0]})") from None
-    try:
-        from k3fasttrack.profiles import load_profile  # type: ignore[attr-defined]
-    except ImportError:
-        raise ProfileError(
-            f"profile {name!r} not found (no such file; shipped profiles unavailable)"
-        ) from None
-    return load_profile(name)  # type: ignore[no-any-return]
-
-
 def run_sweep(
     profile: Profile,
     out: Path,
@@ -55,40 +35,10 @@ def run_sweep(
     work_dir: Path | None = None,
 ) -> PerfReport:
     """Plan and run the perf tier alone; writes ``reports/perf.json`` under ``out``."""
-    from k3fasttrack.tiers.perf import SPEC
-
-    opts = dict(options or {})
-    cells = SPEC.plan_cells(profile, tp, opts)
-    store = CellStore(out / "cells")
-    if not resume:
-        for cell in cells:
-            (store.root / f"{cell.id}.json").unlink(missing_ok=True)
-    plan = Plan(
-        profile=profile.name, tp=tp, tiers=("perf",), cells=tuple(cells), command=tuple(sys.argv)
-    )
-    ctx = TierContext(
-        profile=profile,
-        plan=plan,
-        cells=tuple(cells),
-        store=store,
-        bundle_dir=out,
-        work_dir=work_dir or out.with_name(out.name + ".work"),
-        tp=tp,
-        resume=resume,
-        progress=_StderrProgress(),
-        options=opts,
-    )
-    try:
-        report = SPEC.run(ctx)
-    except NotRunnable as exc:
-        report = PerfReport(status="NOT_RUN", reason=str(exc))
-    finally:
-        for close in reversed(ctx.closers):
-            close()
+    report = run_single_tier("perf", profile, out, tp=tp, resume=resume, options=options,
+                             work_dir=work_dir, progress=_StderrProgress())
     assert isinstance(report, PerfReport)
-    write_json_atomic(out / REPORT_PATH, report.model_dump(mode="json"))
     return report
-
 
 def render(report: PerfReport) -> str:
     """A short plain-text table of the points (speedup of TPOT and output tokens/s)."""
@@ -135,7 +85,7 @@ def sweep_command(
     options: dict[str, Any] = {"perf_sweep": grid} if grid else {}
     if trace is not None:
         options["perf_agentic_trace"] = str(trace)
-    report = run_sweep(load_profile_any(profile), out, tp=tp, resume=resume, options=options)
+    report = run_sweep(load_profile(profile), out, tp=tp, resume=resume, options=options)
     print(report.model_dump_json(indent=1) if json_out else render(report))
     code = {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(report.status, EXIT_INCOMPLETE)
     raise typer.Exit(code)
