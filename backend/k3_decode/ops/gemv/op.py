@@ -3,7 +3,7 @@
 `gemv(x, w, out=None)` computes `x @ w.T` for BF16 `x [T, K]` (rows may be strided) and
 contiguous BF16 `w [N, K]`, with fp32 accumulation; `out [T, N]` is bf16 (default) or fp32.
 The token tile (`tt` tokens per CTA) is chosen per batch by `pick_token_tile` (a table; see
-backend/NOTES-backend2.md for the H200 measurements behind it).
+backend/NOTES.md (Backend II section) for the H200 measurements behind it).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ K_MULTIPLE = 128  # K must be a multiple of 128 (16-byte vectors, a 256-wide war
 MAX_K = 1 << 16
 TOKEN_TILES = (1, 2, 4, 8)  # SIMT kernel
 MMA_TILES = (8, 16, 32, 64)  # tensor-core kernel
-SIMT_MAX_TOKENS = 2  # "auto": SIMT for 1-2 rows, tensor cores from 3 (H200, NOTES-backend2.md)
+SIMT_MAX_TOKENS = 2  # "auto": SIMT for 1-2 rows, tensor cores from 3 (H200, backend/NOTES.md)
 VARIANTS = ("auto", "simt", "mma")
 
 
