@@ -213,3 +213,10 @@ def test_missing_signing_key_refused_before_any_work(tmp_path, env, profile) -> 
     assert "no-such-key" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_every_command_is_mounted() -> None:
+    text = k3ft("--help").stdout
+    for cmd in ("validate", "summary", "verify", "diff", "keygen", "sign", "isolation", "evals",
+                "sweep", "comment"):
+        assert f"  {cmd} " in text or f"  {cmd}\n" in text, cmd
