@@ -220,3 +220,9 @@ def test_every_command_is_mounted() -> None:
     for cmd in ("validate", "summary", "verify", "diff", "keygen", "sign", "isolation", "evals",
                 "sweep", "comment"):
         assert f"  {cmd} " in text or f"  {cmd}\n" in text, cmd
+
+
+def test_attach_mode_needs_both_urls(env) -> None:
+    proc = k3ft("validate", "--baseline-url", "http://127.0.0.1:9", "--dry-run", env=env)
+    assert proc.returncode == 2
+    assert "needs both --baseline-url and --candidate-url" in proc.stderr

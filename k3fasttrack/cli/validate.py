@@ -68,6 +68,16 @@ def validate_command(
     = None,
     mrcr_dir: Annotated[Path | None, typer.Option(help="Evals: MRCR parquet folder.")] = None,
     datasets: Annotated[Path | None, typer.Option(help="Evals: datasets folder.")] = None,
+    baseline_url: Annotated[str | None, typer.Option(
+        help="Attach mode: a running baseline server (e.g. a TP16 deployment) instead of "
+        "starting one.")] = None,
+    candidate_url: Annotated[str | None, typer.Option(
+        help="Attach mode: a running candidate server.")] = None,
+    baseline_probe: Annotated[Path | None, typer.Option(
+        help="Attach mode: the baseline's probe-plugin JSON (K3FT_PROBE_OUT), to confirm the "
+        "switch.")] = None,
+    candidate_probe: Annotated[Path | None, typer.Option(
+        help="Attach mode: the candidate's probe-plugin JSON.")] = None,
     sign: Annotated[bool, typer.Option(help="Sign the bundle here (--no-sign on a GPU host "
                                        "that must not hold the key; then `k3ft sign OUT`).")]
     = True,
@@ -86,7 +96,13 @@ def validate_command(
     tier_options = {k: (str(v) if isinstance(v, Path) else v) for k, v in dict(
         repo=repo, base=base, head=head, selection_trace=selection_trace, gpqa_zip=gpqa_zip,
         gpqa_password=gpqa_password, tokenizer=tokenizer, mrcr_dir=mrcr_dir,
-        datasets=datasets).items() if v is not None}
+        datasets=datasets, baseline_url=baseline_url, candidate_url=candidate_url,
+        baseline_probe=baseline_probe, candidate_probe=candidate_probe).items()
+        if v is not None}
+    if (baseline_url is None) != (candidate_url is None):
+        from k3fasttrack.errors import UsageError
+
+        raise UsageError("attach mode needs both --baseline-url and --candidate-url")
     command = ("k3ft", *sys.argv[1:])
     plan = make_plan(prof, tp_size, tier_options, command)
     if dry_run:
