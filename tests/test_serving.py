@@ -61,7 +61,11 @@ def test_pair_is_ready_on_loopback(pair: ServerPair, bundle: Path) -> None:
 def test_config_diff_is_exactly_the_switch(pair: ServerPair) -> None:
     diff = pair.config_diff()
     assert diff, "the candidate's speculative config must show up"
-    assert all(line.startswith(("args.speculative_config", "engine.speculative_config"))
+    # Seen from the server's arguments, its engine config line and (when our probe plugin is
+    # installed as an entry point) the probe's record: every difference is the switch.
+    assert all(line.startswith(("args.speculative_config", "engine.speculative_config",
+                                "probe.engine_args.speculative_config",
+                                "probe.vllm_config.speculative_config"))
                for line in diff), diff
     assert any("candidate ngram" in line for line in diff)
     check = pair.switch_check()
