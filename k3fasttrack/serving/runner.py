@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 
 from k3fasttrack.errors import UsageError
-from k3fasttrack.models.base import Check
+from k3fasttrack.models.base import Check, TierStatus
 from k3fasttrack.models.serving import (
     ServerRecord,
     ServingConfig,
@@ -31,6 +31,17 @@ SERVER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCA
 PROBE_ENV = "K3FT_PROBE_OUT"
 SERVICE_NAME = "servers"
 PAIR_RECORD = "servers/pair.json"
+
+BLIND_PREFIX = "cannot see the effective configuration of"
+
+
+def switch_outcome(switch: SwitchCheckRecord | None) -> tuple[TierStatus, str] | None:
+    """The tier status an unconfirmed switch check forces (None when it does not): INCOMPLETE
+    when a server's configuration could not be seen, FAIL when it was seen and differs."""
+    if switch is None or switch.confirmed:
+        return None
+    status: TierStatus = "INCOMPLETE" if switch.reason.startswith(BLIND_PREFIX) else "FAIL"
+    return status, f"not evidence: {switch.reason}"
 
 
 @dataclass
@@ -59,7 +70,7 @@ class ServerPair:
         unexpected = tuple(d for d in diffs if not effective.explained_by_switch(d, names))
         blind = [side for side, srv in self.sides() if not srv.sees_configuration()]
         if blind:
-            reason = (f"cannot see the effective configuration of {' and '.join(blind)} "
+            reason = (f"{BLIND_PREFIX} {' and '.join(blind)} "
                       "(attached without probe output): the switch difference is unconfirmed")
         elif not args:
             reason = "the profile declares no candidate switch"

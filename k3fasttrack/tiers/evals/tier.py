@@ -45,6 +45,7 @@ from k3fasttrack.serving import (
     counters_before,
     pair_service,
 )
+from k3fasttrack.serving.runner import switch_outcome
 from k3fasttrack.serving.server import Server
 
 SIDES: tuple[Side, ...] = ("baseline", "candidate")
@@ -187,9 +188,9 @@ def _status(
         return "FAIL", failed[0]
     if infra is not None:
         return "INCOMPLETE", f"{len(results)} of {wanted} suite(s) done; {infra.one_line()}"
-    if switch is not None and not switch.confirmed:
-        status: TierStatus = "INCOMPLETE" if "cannot see" in switch.reason else "FAIL"
-        return status, f"not evidence: {switch.reason}"
+    forced = switch_outcome(switch)
+    if forced is not None:
+        return forced
     return "PASS", f"all {len(results)} suite(s) within their declared margins"
 
 

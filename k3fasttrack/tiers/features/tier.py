@@ -27,6 +27,7 @@ from k3fasttrack.serving import (
     counters_before,
     pair_service,
 )
+from k3fasttrack.serving.runner import switch_outcome
 from k3fasttrack.tiers.features.judge import JUDGES, outcome_of
 from k3fasttrack.tiers.features.requests import COLLECTORS, PERSON_SCHEMA
 
@@ -92,9 +93,9 @@ def _status(results: list[FeatureResult], switch: SwitchCheckRecord | None,
         return "FAIL", f"{failed[0].name}: {failed[0].reason}"
     if failure is not None:
         return "INCOMPLETE", f"{len(results)} of {wanted} feature(s) done; {failure.one_line()}"
-    if switch is not None and not switch.confirmed:
-        status: TierStatus = "INCOMPLETE" if "cannot see" in switch.reason else "FAIL"
-        return status, f"not evidence: {switch.reason}"
+    forced = switch_outcome(switch)
+    if forced is not None:
+        return forced
     return "PASS", f"all {len(results)} feature(s) pass on the candidate"
 
 
