@@ -1,0 +1,254 @@
+"""Decode "prep" kernels in CuTe DSL: RMSNorm + SiTU-GLU rows, and the MLA latent cache insert.
+
+`rms_glu_prep_kernel`, one CTA (256 threads) per token, two independent row segments:
+  - SiTU segment `out[:, La:] = bf16(SiTU-GLU(gu[:, :I], gu[:, I:]))`: elementwise, 16-byte
+    vectors `tid + 256*i`.
+  - norm segment `out[:, :La] = bf16(a * rsqrt(mean(a^2) + eps) * w)`: every warp sums the
+    whole row's squares itself (warp reduction; the row is a few KB and comes from L1/L2 after
+    the first warp), then thread `tid` scales and stores vectors `tid + 256*i`, one bf16
+    rounding per element. No shared memory and no barrier (a first version with a CTA
+    reduction through shared memory hung on the H200; see NOTES.md).
+`mla_kv_insert_kernel`, one warp per token: lane l owns latent vectors l and l + 32 (8 values
+  each), lanes 0..7 also the 64 k_pe elements. RMSNorm over the 512 latent values (warp
+  reduction), then the 576-value row
+  is stored at `cache[block_table[r, p // bs], p % bs]`: bf16, or fp8 E4M3 of `row / kv_scale`
+  with `cvt.rn.satfinite.e4m3x2.f32` (round to nearest even, saturated to +-448, NaN kept).
+  A token with a negative position, a block index past the block table, or a block id outside
+  the cache writes nothing (never out of bounds).
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+from cutlass import cute
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from backend.k3_decode.ops.gemv.device import BF16, F32, I32, I64, U32, flat, situ, vec
+
+THREADS = 256
+WARPS = THREADS // 32
+V = 8  # bf16 per 16-byte vector
+KV_THREADS = 32
+KV_LAT = 512
+KV_PE = 64
+KV_ROW = KV_LAT + KV_PE
+# Four f32 -> four e4m3 bytes (byte k = value k): each cvt puts its first operand in the upper byte.
+E4M3X4 = ("{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; "
+          "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; mov.b32 $0, {lo, hi}; }")
+
+
+@dsl_user_op
+def e4m3x4(a, b, c, d, *, loc=None, ip=None) -> U32:
+    """Pack four f32 as E4M3 (RNE, satfinite) into one 32-bit word, `a` in the lowest byte."""
+    args = [F32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)]
+    return U32(llvm.inline_asm(T.i32(), args, E4M3X4, "=r,f,f,f,f", has_side_effects=False,
+                               is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+                               loc=loc, ip=ip))
+
+
+@cute.jit
+def _load_raw(src: cute.Pointer, raw: cute.Tensor):
+    """raw[0..7] = the 8 bf16 at `src` (16-byte aligned), one 16-byte load."""
+    cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BF16, num_bits_per_copy=128)
+    cute.copy(cp, vec(src, BF16, V, 16), raw)
+
+
+@cute.jit
+def _load8(src: cute.Pointer, regs: cute.Tensor, at: cutlass.Constexpr):
+    """regs[at .. at+7] = the 8 bf16 at `src` (16-byte aligned) as fp32."""
+    r = cute.make_rmem_tensor((V,), BF16)
+    _load_raw(src, r)
+    for e in cutlass.range_constexpr(V):
+        regs[at + e] = r[e].to(F32)
+
+
+@cute.jit
+def _store8(dst: cute.Pointer, regs: cute.Tensor, at: cutlass.Constexpr):
+    """The 8 bf16 at `dst` (16-byte aligned) = bf16(regs[at .. at+7])."""
+    cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BF16, num_bits_per_copy=128)
+    r = cute.make_rmem_tensor((V,), BF16)
+    for e in cutlass.range_constexpr(V):
+        r[e] = regs[at + e].to(BF16)
+    cute.copy(cp, r, vec(dst, BF16, V, 16))
+
+
+@cute.jit
+def _load_vectors(src: cute.Pointer, raw: cute.Tensor, nv: cutlass.Constexpr):
+    """raw[:, i] = the 16-byte vector `tid + 256*i` of `src` (i < ceil(nv/256)); only the last,
+    partial round is guarded, so every load of a thread is in flight at once. Unloaded
+    vectors of the partial round are zero."""
+    tid, _, _ = cute.arch.thread_idx()
+    for i in cutlass.range_constexpr((nv + THREADS - 1) // THREADS):
+        v = tid + THREADS * i
+        if cutlass.const_expr((i + 1) * THREADS <= nv):
+            _load_raw(src + v * V, raw[None, i])
+        else:
+            for e in cutlass.range_constexpr(V):
+                raw[e, i] = BF16(0.0)
+            if v < nv:
+                _load_raw(src + v * V, raw[None, i])
+
+
+@cute.jit
+def _situ_store(g_raw: cute.Tensor, u_raw: cute.Tensor, out_row: cute.Pointer,
+                nv: cutlass.Constexpr, beta: cutlass.Constexpr, linear_beta: cutlass.Constexpr):
+    """out_row vector `tid + 256*i` = bf16(SiTU-GLU(gate, up)) of the loaded vectors."""
+    tid, _, _ = cute.arch.thread_idx()
+    y = cute.make_rmem_tensor((V,), F32)
+    for i in cutlass.range_constexpr((nv + THREADS - 1) // THREADS):
+        v = tid + THREADS * i
+        if v < nv:
+            for e in cutlass.range_constexpr(V):
+                y[e] = situ(g_raw[e, i].to(F32), u_raw[e, i].to(F32), beta, linear_beta)
+            _store8(out_row + v * V, y, 0)
+
+
+@cute.jit
+def _row_sumsq(row: cute.Pointer, nv: cutlass.Constexpr) -> F32:
+    """sum(x^2) over the `nv` 16-byte vectors of `row`, computed by EVERY warp on its own
+    (lane l reads vectors l, l+32, ...; nv is a multiple of 32): no shared memory, no barrier."""
+    lane = cute.arch.lane_idx()
+    ss = F32(0.0)
+    r = cute.make_rmem_tensor((V,), BF16)
+    for j in cutlass.range_constexpr(nv // 32):
+        _load_raw(row + (lane + 32 * j) * V, r)
+        for e in cutlass.range_constexpr(V):
+            x = r[e].to(F32)
+            ss += x * x
+    return cute.arch.warp_reduction_sum(ss)
+
+
+@cute.kernel
+def rms_glu_prep_kernel(a: cute.Pointer, a_w: cute.Pointer, gu: cute.Pointer,
+                        out: cute.Pointer, ld_a: I64, ld_gu: I64, ld_out: I64,
+                        la: cutlass.Constexpr, inter: cutlass.Constexpr,
+                        has_weight: cutlass.Constexpr, eps: cutlass.Constexpr,
+                        beta: cutlass.Constexpr, linear_beta: cutlass.Constexpr):
+    """One token: RMSNorm of its `a` row into out[:La], SiTU-GLU of its `gu` row into out[La:].
+
+    Barrier-free: each warp sums the whole `a` row itself (the row is a few KB, served from
+    L1/L2 after the first warp), then every thread scales and stores its own vectors."""
+    tok, _, _ = cute.arch.block_idx()
+    tid, _, _ = cute.arch.thread_idx()
+    out_row = out + tok.to(I64) * ld_out
+    nva, nvg = la // V, inter // V
+    pa, pg = max((nva + THREADS - 1) // THREADS, 1), max((nvg + THREADS - 1) // THREADS, 1)
+    if cutlass.const_expr(inter > 0):
+        g_raw = cute.make_rmem_tensor((V, pg), BF16)
+        u_raw = cute.make_rmem_tensor((V, pg), BF16)
+        gu_row = gu + tok.to(I64) * ld_gu
+        _load_vectors(gu_row, g_raw, nvg)
+        _load_vectors(gu_row + inter, u_raw, nvg)
+        _situ_store(g_raw, u_raw, out_row + la, nvg, beta, linear_beta)
+    if cutlass.const_expr(la > 0):
+        a_row = a + tok.to(I64) * ld_a
+        r = cute.rsqrt(_row_sumsq(a_row, nva) * F32(1.0 / la) + F32(eps))
+        a_raw = cute.make_rmem_tensor((V, pa), BF16)
+        w_raw = cute.make_rmem_tensor((V, pa), BF16)
+        _load_vectors(a_row, a_raw, nva)
+        if cutlass.const_expr(has_weight):
+            _load_vectors(a_w, w_raw, nva)
+        y = cute.make_rmem_tensor((V,), F32)
+        for i in cutlass.range_constexpr(pa):
+            v = tid + THREADS * i
+            if v < nva:
+                for e in cutlass.range_constexpr(V):
+                    y[e] = a_raw[e, i].to(F32) * r
+                    if cutlass.const_expr(has_weight):
+                        y[e] = y[e] * w_raw[e, i].to(F32)
+                _store8(out_row + v * V, y, 0)
+
+
+@cute.jit
+def rms_glu_prep_launch(a: cute.Pointer, a_w: cute.Pointer, gu: cute.Pointer, out: cute.Pointer,
+                        n_tok: I32, ld_a: I64, ld_gu: I64, ld_out: I64, stream: cuda.CUstream,
+                        la: cutlass.Constexpr, inter: cutlass.Constexpr,
+                        has_weight: cutlass.Constexpr, eps: cutlass.Constexpr,
+                        beta: cutlass.Constexpr, linear_beta: cutlass.Constexpr):
+    """Host side: one CTA per token on the caller's stream (CUDA-graph safe)."""
+    rms_glu_prep_kernel(a, a_w, gu, out, ld_a, ld_gu, ld_out, la, inter, has_weight, eps, beta,
+                        linear_beta).launch(grid=(n_tok, 1, 1), block=(THREADS, 1, 1),
+                                            stream=stream)
+
+
+@cute.jit
+def _store_fp8(dst: cute.Pointer, y: cute.Tensor, inv: F32):
+    """8 bytes at `dst` (8-byte aligned) = e4m3(y[0..7] * inv)."""
+    cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), U32, num_bits_per_copy=64)
+    q = cute.make_rmem_tensor((2,), U32)
+    for h in cutlass.range_constexpr(2):
+        q[h] = e4m3x4(y[4 * h] * inv, y[4 * h + 1] * inv, y[4 * h + 2] * inv,
+                      y[4 * h + 3] * inv)
+    cute.copy(cp, q, vec(dst, U32, 2, 8))
+
+
+@cute.kernel
+def mla_kv_insert_kernel(kv_c: cute.Pointer, k_pe: cute.Pointer, kv_w: cute.Pointer,
+                         cache: cute.Pointer, block_table: cute.Pointer, positions: cute.Pointer,
+                         kv_scale: cute.Pointer, ld_kvc: I64, ld_kpe: I64, ld_bt: I64,
+                         ld_blk: I64, ld_slot: I64, q_per_request: I32, log2_bs: I32,
+                         max_blocks: I32, num_blocks: I32, fp8: cutlass.Constexpr,
+                         eps: cutlass.Constexpr):
+    """One token (one warp): normalise its latent, append k_pe, store the row into its slot.
+
+    Lane l owns latent vectors l and l + 32 (8 values each); lanes 0..7 also the k_pe vectors.
+    A warp reduction gives sum(x^2): no shared memory, no barrier."""
+    tok, _, _ = cute.arch.block_idx()
+    tid, _, _ = cute.arch.thread_idx()
+    y = cute.make_rmem_tensor((2 * V,), F32)
+    w = cute.make_rmem_tensor((2 * V,), F32)
+    pe = cute.make_rmem_tensor((V,), F32)
+    base = kv_c + tok.to(I64) * ld_kvc
+    for h in cutlass.range_constexpr(2):
+        _load8(base + (tid + 32 * h) * V, y, V * h)
+        _load8(kv_w + (tid + 32 * h) * V, w, V * h)
+    if tid < KV_PE // V:
+        _load8(k_pe + tok.to(I64) * ld_kpe + tid * V, pe, 0)
+    inv = F32(1.0)
+    if cutlass.const_expr(fp8):
+        inv = F32(1.0) / flat(kv_scale)[0]
+    pos = flat(positions)[tok]
+    bi = pos >> log2_bs
+    blk = I32(-1)
+    if (pos >= 0) & (bi < max_blocks):
+        req = tok // q_per_request
+        blk = flat(block_table)[req.to(I64) * ld_bt + bi.to(I64)]
+    ss = F32(0.0)
+    for e in cutlass.range_constexpr(2 * V):
+        ss += y[e] * y[e]
+    ss = cute.arch.warp_reduction_sum(ss)
+    r = cute.rsqrt(ss * F32(1.0 / KV_LAT) + F32(eps))
+    for e in cutlass.range_constexpr(2 * V):
+        y[e] = y[e] * r * w[e]
+    if (blk >= 0) & (blk < num_blocks):
+        slot = pos - (bi << log2_bs)
+        row = cache + blk.to(I64) * ld_blk + slot.to(I64) * ld_slot
+        for h in cutlass.range_constexpr(2):
+            part = cute.make_rmem_tensor((V,), F32)
+            for e in cutlass.range_constexpr(V):
+                part[e] = y[V * h + e]
+            if cutlass.const_expr(fp8):
+                _store_fp8(row + (tid + 32 * h) * V, part, inv)
+            else:
+                _store8(row + (tid + 32 * h) * V, part, 0)
+        if tid < KV_PE // V:
+            if cutlass.const_expr(fp8):
+                _store_fp8(row + KV_LAT + tid * V, pe, inv)
+            else:
+                _store8(row + KV_LAT + tid * V, pe, 0)
+
+
+@cute.jit
+def mla_kv_insert_launch(kv_c: cute.Pointer, k_pe: cute.Pointer, kv_w: cute.Pointer,
+                         cache: cute.Pointer, block_table: cute.Pointer, positions: cute.Pointer,
+                         kv_scale: cute.Pointer, n_tok: I32, ld_kvc: I64, ld_kpe: I64,
+                         ld_bt: I64, ld_blk: I64, ld_slot: I64, q_per_request: I32,
+                         log2_bs: I32, max_blocks: I32, num_blocks: I32, stream: cuda.CUstream,
+                         fp8: cutlass.Constexpr, eps: cutlass.Constexpr):
+    """Host side: one CTA per token on the caller's stream (CUDA-graph safe)."""
+    mla_kv_insert_kernel(kv_c, k_pe, kv_w, cache, block_table, positions, kv_scale, ld_kvc,
+                         ld_kpe, ld_bt, ld_blk, ld_slot, q_per_request, log2_bs, max_blocks,
+                         num_blocks, fp8, eps).launch(grid=(n_tok, 1, 1),
+                                                      block=(KV_THREADS, 1, 1), stream=stream)

@@ -1,0 +1,260 @@
+"""Torch-facing decode prep ops: input checks before anything compiles, cached compile, launch.
+
+`rms_glu_prep(a, a_weight, gu, out)` writes `out [T, La + I]` bf16:
+  `out[:, :La] = bf16(rms_norm(a) * a_weight)`, `out[:, La:] = bf16(SiTU-GLU(gate, up))` with
+  `gate, up = gu[:, :I], gu[:, I:]` (math: `reference.norms.rms_norm`, `reference.moe.situ_glu`).
+`mla_kv_insert(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions, kv_scale)` stores each
+  token's latent row `[rms_norm(kv_c) * kv_norm_w | k_pe]` into its paged cache slot, as fp8 E4M3
+  of `row / kv_scale` (saturated to +-448, `reference.mla.quantize_latent_fp8`) or as bf16.
+Both launch one CTA per token on the caller's current stream, take every size from host values
+and read `positions` / `block_table` / `kv_scale` on the device, so a CUDA graph replays them.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from backend.k3_decode.ops.gemv.common import (
+    check_device,
+    check_tensor,
+    fake_ptr,
+    need,
+    ptr,
+    stream_of,
+    target_arch,
+)
+
+BF = torch.bfloat16
+F8 = torch.float8_e4m3fn
+MAX_TOKENS = 64
+LA_MULTIPLE, LA_MAX = 256, 16384
+I_MULTIPLE, I_MAX = 128, 8192
+KV_LAT, KV_PE = 512, 64
+KV_ROW = KV_LAT + KV_PE
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+CACHE_DTYPES = (F8, BF)
+
+
+class PrepInputError(ValueError):
+    """An input the prep kernels do not support; raised before any compile or launch."""
+
+
+@dataclass(frozen=True)
+class RmsGluKey:
+    """What a compiled `rms_glu_prep` variant is specialised on."""
+
+    la: int
+    inter: int
+    has_weight: bool
+    eps: float
+    beta: float
+    linear_beta: float
+    arch: str
+
+
+@dataclass(frozen=True)
+class KvInsertKey:
+    """What a compiled `mla_kv_insert` variant is specialised on (sizes are runtime values)."""
+
+    fp8: bool
+    eps: float
+    arch: str
+
+
+def _rows(err: type[Exception], op: str, name: str, x: torch.Tensor | None) -> int:
+    """The token count of a 2-D tensor (or -1 for None)."""
+    if x is None:
+        return -1
+    need(isinstance(x, torch.Tensor) and x.dim() == 2, err, op, f"{name} must be a 2-D tensor")
+    return x.shape[0]
+
+
+def _check_scalars(op: str, **values: float) -> None:
+    """eps must be finite and >= 0; beta and linear_beta finite and > 0."""
+    for name, v in values.items():
+        ok = isinstance(v, (int, float)) and math.isfinite(v) and (v >= 0 if name == "eps"
+                                                                    else v > 0)
+        need(ok, PrepInputError, op, f"{name}={v!r} must be a finite "
+             + ("number >= 0" if name == "eps" else "number > 0"))
+
+
+def check_rms_glu(a: torch.Tensor | None, a_weight: torch.Tensor | None,
+                  gu: torch.Tensor | None, out: torch.Tensor, eps: float = 1e-6,
+                  beta: float = 4.0, linear_beta: float = 25.0) -> tuple[int, int, int]:
+    """Validate the `rms_glu_prep` inputs; returns `(T, La, I)` or raises `PrepInputError`."""
+    err, op = PrepInputError, "rms_glu_prep"
+    _check_scalars(op, eps=eps, beta=beta, linear_beta=linear_beta)
+    need(isinstance(out, torch.Tensor) and out.dim() == 2, err, op,
+         "out must be a 2-D tensor [T, La + I]")
+    t = out.shape[0]
+    need(1 <= t <= MAX_TOKENS, err, op, f"{t} tokens is outside 1..{MAX_TOKENS}")
+    for name, x in (("a", a), ("gu", gu)):
+        rows = _rows(err, op, name, x)
+        need(rows in (-1, t), err, op, f"{name} has {rows} rows, out has {t}")
+    la = 0 if a is None else a.shape[1]
+    need(a is not None or a_weight is None, err, op, "a_weight is given but a is None")
+    need(a is None or (la > 0 and la % LA_MULTIPLE == 0 and la <= LA_MAX), err, op,
+         f"a width La={la} must be a multiple of {LA_MULTIPLE} in {LA_MULTIPLE}..{LA_MAX}")
+    width = 0 if gu is None else gu.shape[1]
+    need(width % 2 == 0, err, op, f"gu width {width} is odd (expected 2*I: gate then up)")
+    inter = width // 2
+    need(gu is None or (inter > 0 and inter % I_MULTIPLE == 0 and inter <= I_MAX), err, op,
+         f"gu half width I={inter} must be a multiple of {I_MULTIPLE} in {I_MULTIPLE}..{I_MAX}")
+    need(la + inter > 0, err, op, "nothing to do: a and gu are both None")
+    check_tensor(err, op, "out", out, BF, (t, la + inter), row_strided=True)
+    present = [out]
+    if a is not None:
+        check_tensor(err, op, "a", a, BF, (t, la), row_strided=True)
+        present.append(a)
+    if a_weight is not None:
+        check_tensor(err, op, "a_weight", a_weight, BF, (la,))
+        present.append(a_weight)
+    if gu is not None:
+        check_tensor(err, op, "gu", gu, BF, (t, 2 * inter), row_strided=True)
+        present.append(gu)
+    check_device(err, op, *present)
+    return t, la, inter
+
+
+@functools.cache
+def compile_rms_glu(key: RmsGluKey, extra_options: str = ""):
+    """Compile (once per key) the `rms_glu_prep` launcher; no GPU is needed."""
+    import cuda.bindings.driver as cuda
+    import cutlass
+    from cutlass import cute
+
+    from backend.k3_decode.ops.prep.kernel import rms_glu_prep_launch
+
+    args = [fake_ptr(cutlass.BFloat16) for _ in range(4)] + [cutlass.Int32(1)]
+    args += [cutlass.Int64(1)] * 3
+    return cute.compile(rms_glu_prep_launch, *args, cuda.CUstream(0), key.la, key.inter,
+                        key.has_weight, key.eps, key.beta, key.linear_beta,
+                        options=f"--gpu-arch {key.arch} {extra_options}".strip())
+
+
+def rms_glu_prep(a: torch.Tensor | None, a_weight: torch.Tensor | None, gu: torch.Tensor | None,
+                 out: torch.Tensor, *, eps: float = 1e-6, beta: float = 4.0,
+                 linear_beta: float = 25.0) -> torch.Tensor:
+    """RMSNorm(a) * a_weight into `out[:, :La]`, SiTU-GLU(gu) into `out[:, La:]`; returns `out`.
+
+    `a [T, La]` bf16 or None (La = 0; La a multiple of 256 up to 16384), `a_weight [La]` bf16 or
+    None (no weight), `gu [T, 2I]` bf16 or None (I = 0; I a multiple of 128 up to 8192),
+    `out [T, La + I]` bf16; rows of a, gu and out may be strided (16-byte multiples); T in 1..64.
+    fp32 math, one bf16 rounding per output. Raises `PrepInputError` before any compile.
+    """
+    t, la, inter = check_rms_glu(a, a_weight, gu, out, eps, beta, linear_beta)
+    key = RmsGluKey(la, inter, a_weight is not None, float(eps), float(beta), float(linear_beta),
+                    target_arch())
+    fn = compile_rms_glu(key)
+    import cutlass
+
+    aa = a if a is not None else out
+    ww = a_weight if a_weight is not None else out
+    gg = gu if gu is not None else out
+    fn(ptr(aa), ptr(ww), ptr(gg), ptr(out), cutlass.Int32(t), cutlass.Int64(aa.stride(0)),
+       cutlass.Int64(gg.stride(0)), cutlass.Int64(out.stride(0)), stream_of(out.device))
+    return out
+
+
+def check_kv_insert(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_norm_w: torch.Tensor,
+                    kv_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
+                    kv_scale: torch.Tensor, q_per_request: int,
+                    eps: float = 1e-6) -> tuple[int, int]:
+    """Validate the `mla_kv_insert` inputs; returns `(T, block_size)` or raises `PrepInputError`."""
+    err, op = PrepInputError, "mla_kv_insert"
+    _check_scalars(op, eps=eps)
+    t = _rows(err, op, "kv_c", kv_c)
+    need(1 <= t <= MAX_TOKENS, err, op, f"{t} tokens is outside 1..{MAX_TOKENS}")
+    need(isinstance(q_per_request, int) and not isinstance(q_per_request, bool)
+         and q_per_request >= 1, err, op,
+         f"q_per_request must be a positive int, got {q_per_request!r}")
+    need(t % q_per_request == 0, err, op,
+         f"{t} tokens is not a multiple of q_per_request={q_per_request}")
+    n_req = t // q_per_request
+    need(isinstance(kv_cache, torch.Tensor) and kv_cache.dim() == 3, err, op,
+         "kv_cache must be [num_blocks, block_size, 576]")
+    need(kv_cache.dtype in CACHE_DTYPES, err, op,
+         f"kv_cache must be torch.float8_e4m3fn or torch.bfloat16, got {kv_cache.dtype}")
+    nb, bs = kv_cache.shape[0], kv_cache.shape[1]
+    need(bs in BLOCK_SIZES, err, op, f"block size {bs} is not a power of two in 16..256")
+    need(nb >= 1, err, op, "kv_cache has no blocks")
+    need(isinstance(block_table, torch.Tensor) and block_table.dim() == 2, err, op,
+         "block_table must be [R, max_blocks]")
+    check_tensor(err, op, "kv_c", kv_c, BF, (t, KV_LAT), row_strided=True)
+    check_tensor(err, op, "k_pe", k_pe, BF, (t, KV_PE), row_strided=True)
+    check_tensor(err, op, "kv_norm_w", kv_norm_w, BF, (KV_LAT,))
+    check_tensor(err, op, "kv_cache", kv_cache, kv_cache.dtype, (nb, bs, KV_ROW), row_strided=True)
+    need(block_table.dtype == torch.int32, err, op,
+         f"block_table must be torch.int32, got {block_table.dtype}")
+    need(block_table.shape[0] >= n_req and block_table.shape[1] >= 1, err, op,
+         f"block_table must be [>= {n_req} requests, >= 1 blocks], got {tuple(block_table.shape)}")
+    need(block_table.stride(-1) == 1 and block_table.data_ptr() % 4 == 0, err, op,
+         "block_table must have a unit last stride and a 4-byte aligned base")
+    need(isinstance(positions, torch.Tensor) and positions.dtype == torch.int32, err, op,
+         "positions must be a torch.int32 tensor")
+    need(tuple(positions.shape) == (t,) and positions.is_contiguous(), err, op,
+         f"positions must be a contiguous ({t},) tensor, got {tuple(positions.shape)}")
+    need(isinstance(kv_scale, torch.Tensor) and kv_scale.dtype == torch.float32
+         and kv_scale.numel() == 1, err, op, "kv_scale must be a float32 tensor of one element")
+    check_device(err, op, kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions, kv_scale)
+    return t, bs
+
+
+@functools.cache
+def compile_kv_insert(key: KvInsertKey, extra_options: str = ""):
+    """Compile (once per key) the `mla_kv_insert` launcher; no GPU is needed."""
+    import cuda.bindings.driver as cuda
+    import cutlass
+    from cutlass import cute
+
+    from backend.k3_decode.ops.prep.kernel import mla_kv_insert_launch
+
+    bf, i32, i64 = cutlass.BFloat16, cutlass.Int32, cutlass.Int64
+    cache = fake_ptr(cutlass.Uint8 if key.fp8 else bf)
+    args = [fake_ptr(bf), fake_ptr(bf), fake_ptr(bf), cache, fake_ptr(i32, 4), fake_ptr(i32, 4),
+            fake_ptr(cutlass.Float32, 4), i32(1)] + [i64(1)] * 5 + [i32(1)] * 4
+    return cute.compile(mla_kv_insert_launch, *args, cuda.CUstream(0), key.fp8, key.eps,
+                        options=f"--gpu-arch {key.arch} {extra_options}".strip())
+
+
+def mla_kv_insert(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_norm_w: torch.Tensor,
+                  kv_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
+                  kv_scale: torch.Tensor, *, q_per_request: int = 1, eps: float = 1e-6) -> None:
+    """Store `[rms_norm(kv_c) * kv_norm_w | k_pe]` of each token into its paged MLA cache slot.
+
+    `kv_c [T, 512]`, `k_pe [T, 64]` bf16 (rows may be strided, 16-byte aligned), `kv_norm_w [512]`
+    bf16, `kv_cache [num_blocks, block_size, 576]` fp8 E4M3 or bf16 (block_size a power of two in
+    16..256), `block_table [R, max_blocks]` int32, `positions [T]` int32 (token t is request
+    `t // q_per_request`'s; a negative position writes nothing), `kv_scale` float32 [1] (fp8 only:
+    stored byte = e4m3(row / kv_scale), RNE, saturated to +-448). Position p goes to
+    `kv_cache[block_table[r, p // block_size], p % block_size]`; a block index past the table or
+    a block id outside the cache writes nothing. Raises `PrepInputError` before any compile.
+    """
+    t, bs = check_kv_insert(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions, kv_scale,
+                            q_per_request, eps)
+    fp8 = kv_cache.dtype == F8
+    fn = compile_kv_insert(KvInsertKey(fp8, float(eps), target_arch()))
+    import cutlass
+
+    cache = kv_cache.view(torch.uint8) if fp8 else kv_cache
+    i32, i64 = cutlass.Int32, cutlass.Int64
+    fn(ptr(kv_c), ptr(k_pe), ptr(kv_norm_w), ptr(cache), ptr(block_table, 4), ptr(positions, 4),
+       ptr(kv_scale.reshape(1), 4), i32(t), i64(kv_c.stride(0)), i64(k_pe.stride(0)),
+       i64(block_table.stride(0)), i64(cache.stride(0)), i64(cache.stride(1)), i32(q_per_request),
+       i32(bs.bit_length() - 1), i32(block_table.shape[1]), i32(kv_cache.shape[0]),
+       stream_of(kv_c.device))
+
+
+def rms_glu_min_bytes(t: int, la: int, inter: int, has_weight: bool) -> int:
+    """Bytes `rms_glu_prep` must move: a and gu read, out written (bf16), the weight once."""
+    return 2 * (t * (la + 2 * inter) + t * (la + inter) + (la if has_weight else 0))
+
+
+def kv_insert_min_bytes(t: int, fp8: bool) -> int:
+    """Bytes `mla_kv_insert` must move: kv_c, k_pe, the weight, positions and block ids read,
+    one 576-value cache row written per token."""
+    return t * (2 * KV_ROW + 4 + 4 + KV_ROW * (1 if fp8 else 2)) + 2 * KV_LAT + 4

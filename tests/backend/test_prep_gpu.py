@@ -1,0 +1,254 @@
+"""Prep kernels on the GPU against the float64 references, every case recorded with record_case.
+
+`rms_glu_prep`: RMSNorm (`reference.norms.rms_norm`) and SiTU-GLU (`reference.moe.situ_glu`) rows
+for K3's uses (MoE tail prep at TP8/TP16, dense layer 0, MLA q_a norm) and the size corners,
+T = 1..64, strided rows (padding columns of `out` must stay untouched).
+`mla_kv_insert`: the latent cache row `[rms_norm(kv_c) * w | k_pe]` stored as fp8 E4M3 of
+`row / kv_scale` (`reference.mla.quantize_latent_fp8`, saturation included) or bf16, block sizes
+16..256, verify steps q = 1..8, padding tokens (position -1) and out-of-table positions write
+nothing: every other cache byte is compared with its value before the call.
+Outputs are poisoned with NaN before every call; one case captures both ops in a CUDA graph and
+replays it on fresh inputs. Besides the recorded tolerance check, each output must be the
+reference's own rounding to within one unit in the last place (one fp32 -> bf16/fp8 rounding).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.k3_decode.reference.mla import F8, quantize_latent_fp8
+from backend.k3_decode.reference.moe import situ_glu
+from backend.k3_decode.reference.norms import rms_norm
+from backend.k3_decode.testing import REL_FRO, TOLERANCES, check_and_record, poison_
+
+pytestmark = pytest.mark.gpu
+BF = torch.bfloat16
+EPS = 1e-6
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def _rn(g: torch.Generator, *shape: int, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=g) * scale + shift).to(BF).cuda()
+
+
+def _codes(x: torch.Tensor) -> torch.Tensor:
+    """Sign-magnitude bit patterns of bf16 / fp8 values as int64 on the CPU."""
+    if x.dtype == F8:
+        return x.view(torch.uint8).cpu().long()
+    return x.view(torch.int16).cpu().long() & 0xFFFF
+
+
+def assert_one_rounding(op: str, got: torch.Tensor, ref: torch.Tensor) -> None:
+    """`got` equals `ref` rounded to got's dtype, or is its neighbour (same sign, one code away)."""
+    exp = ref if ref.dtype == got.dtype else ref.to(got.dtype)
+    a, b = _codes(got), _codes(exp)
+    sign = 0x80 if got.dtype == F8 else 0x8000
+    near = (a == b) | ((((a ^ b) & sign) == 0) & ((a - b).abs() == 1))
+    assert bool(near.all()), f"{op}: {int((~near).sum())} values are more than one ulp off"
+    assert (a != b).double().mean().item() <= 0.01, f"{op}: too many one-ulp differences"
+
+
+# ---------------------------------------------------------------- rms_glu_prep
+
+
+def glu_case(t: int, la: int, inter: int, weight: bool, strided: bool, seed: int) -> dict:
+    """Fresh inputs; strided cases slice a, gu and out out of wider row buffers."""
+    g = _gen(seed)
+    pad = 24 if strided else 0
+    a = _rn(g, t, la + pad, scale=2.0)[:, pad:] if la else None
+    gu = _rn(g, t, 2 * inter + pad, scale=3.0)[:, :2 * inter] if inter else None
+    if gu is not None:
+        gu[:, inter:] *= 6.0  # up values reach the linear_beta = 25 tanh knee
+    w = _rn(g, la, scale=0.2, shift=1.0) if (la and weight) else None
+    buf = torch.empty(t, la + inter + 2 * pad, dtype=BF, device="cuda")
+    return {"a": a, "a_weight": w, "gu": gu, "buf": buf, "out": buf[:, pad:pad + la + inter]}
+
+
+def glu_reference(c: dict, la: int, inter: int) -> torch.Tensor:
+    parts = []
+    if la:
+        parts.append(rms_norm(c["a"].cpu(), None if c["a_weight"] is None
+                              else c["a_weight"].cpu(), EPS))
+    if inter:
+        gu = c["gu"].cpu()
+        parts.append(situ_glu(gu[:, :inter], gu[:, inter:], 4.0, 25.0))
+    return torch.cat(parts, dim=-1)
+
+
+def check_glu(case: str, c: dict, la: int, inter: int) -> None:
+    """Compare `out` with float64 and check the padding columns around it are still NaN."""
+    ref = glu_reference(c, la, inter)
+    ok, msg = check_and_record("rms_glu_prep", case, c["out"], ref, *TOLERANCES[BF], REL_FRO[BF])
+    assert ok, msg
+    assert_one_rounding(f"rms_glu_prep/{case}", c["out"], ref)
+    pad = (c["buf"].shape[1] - c["out"].shape[1]) // 2
+    if pad:
+        outside = torch.cat([c["buf"][:, :pad], c["buf"][:, pad + la + inter:]], dim=1)
+        assert bool(outside.isnan().all()), "rms_glu_prep wrote outside out's columns"
+
+
+@pytest.mark.parametrize("t,la,inter,weight,strided", [
+    (1, 3584, 768, True, False), (3, 3584, 384, True, True), (8, 0, 4224, False, True),
+    (64, 1536, 0, True, False), (64, 3584, 768, True, True), (2, 16384, 8192, True, False),
+    (5, 256, 128, False, True), (8, 1536, 0, False, True)])
+def test_rms_glu_prep_matches_reference(t: int, la: int, inter: int, weight: bool,
+                                        strided: bool) -> None:
+    from backend.k3_decode.ops.prep import rms_glu_prep
+
+    c = glu_case(t, la, inter, weight, strided, seed=t * 1000 + la + inter)
+    poison_(c["buf"])
+    ret = rms_glu_prep(c["a"], c["a_weight"], c["gu"], c["out"])
+    torch.cuda.synchronize()
+    assert ret is c["out"]
+    check_glu(f"t{t}/la{la}/i{inter}/w{int(weight)}/strided{int(strided)}", c, la, inter)
+
+
+def test_rms_glu_prep_rejects_cuda_input_before_launch() -> None:
+    """On the GPU too, a bad input is refused before anything runs: out stays poisoned."""
+    from backend.k3_decode.ops.prep import PrepInputError, rms_glu_prep
+
+    c = glu_case(4, 3584, 768, True, False, seed=5)
+    poison_(c["buf"])
+    with pytest.raises(PrepInputError, match="a_weight must have shape"):
+        rms_glu_prep(c["a"], c["a_weight"][:1536], c["gu"], c["out"])
+    with pytest.raises(PrepInputError, match="all tensors must be on one device"):
+        rms_glu_prep(c["a"], c["a_weight"].cpu(), c["gu"], c["out"])
+    torch.cuda.synchronize()
+    assert bool(c["buf"].isnan().all())
+
+
+# ---------------------------------------------------------------- mla_kv_insert
+
+
+def kv_case(r: int, q: int, bs: int, dtype: torch.dtype, kv_scale: float, seed: int,
+            pad_tokens: tuple[int, ...] = ()) -> dict:
+    """Fresh inputs: kv_c / k_pe are column slices of one projection row buffer; each request
+    owns `max_blocks` distinct random blocks; the step's q tokens sit at the end of its context."""
+    g = _gen(seed)
+    t, max_blocks = r * q, 5
+    proj = _rn(g, t, 2048 + 64 + 96, scale=1.5)
+    k_pe = proj[:, 2048:2112]
+    k_pe[:, :3] *= 400.0  # beyond 448 * kv_scale: the fp8 store must saturate
+    num_blocks = r * max_blocks + 3
+    perm = torch.randperm(num_blocks, generator=g)[: r * max_blocks]
+    lens = torch.randint(q, max_blocks * bs + 1, (r,), generator=g)
+    pos = torch.tensor([int(lens[i // q]) - q + i % q for i in range(t)], dtype=torch.int32)
+    pos[list(pad_tokens)] = -1
+    return {"kv_c": proj[:, 1536:2048], "k_pe": k_pe,
+            "kv_norm_w": _rn(g, 512, scale=0.2, shift=1.0),
+            "kv_cache": poison_(torch.empty(num_blocks, bs, 576, dtype=dtype, device="cuda")),
+            "block_table": perm.view(r, max_blocks).to(torch.int32).cuda(),
+            "positions": pos.cuda(),
+            "kv_scale": torch.full((1,), kv_scale, dtype=torch.float32, device="cuda")}
+
+
+def kv_expected(c: dict, q: int) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]:
+    """(float64 rows [T, 576], the expected cache on the CPU, [(token, block, slot)] written)."""
+    rows = torch.cat([rms_norm(c["kv_c"].cpu(), c["kv_norm_w"].cpu(), EPS),
+                      c["k_pe"].cpu().double()], dim=-1)
+    cache = c["kv_cache"].cpu().clone()
+    bs, scale = cache.shape[1], float(c["kv_scale"])
+    stored = quantize_latent_fp8(rows, scale) if cache.dtype == F8 else rows.to(cache.dtype)
+    bt, written = c["block_table"].cpu(), []
+    for i, p in enumerate(c["positions"].cpu().tolist()):
+        if p >= 0 and p // bs < bt.shape[1]:
+            blk = int(bt[i // q, p // bs])
+            cache[blk, p % bs] = stored[i]
+            written.append((i, blk, p % bs))
+    return rows, cache, written
+
+
+def check_kv(case: str, c: dict, before: torch.Tensor, q: int) -> None:
+    """Written rows against float64 (recorded), one rounding, and every other byte unchanged."""
+    rows, expected, written = kv_expected({**c, "kv_cache": before}, q)
+    got = c["kv_cache"].cpu()
+    assert written, "the case writes nothing"
+    idx = [w[0] for w in written]
+    got_rows = torch.stack([got[b, s] for _, b, s in written])
+    scale = float(c["kv_scale"])
+    if got.dtype == F8:
+        ref = (rows[idx] / scale).clamp(-448.0, 448.0)
+        ok, msg = check_and_record("mla_kv_insert", case, got_rows, ref, *TOLERANCES[F8])
+    else:
+        ref = rows[idx]
+        ok, msg = check_and_record("mla_kv_insert", case, got_rows, ref, *TOLERANCES[BF],
+                                   REL_FRO[BF])
+    assert ok, msg
+    assert_one_rounding(f"mla_kv_insert/{case}", got_rows, torch.stack(
+        [expected[b, s] for _, b, s in written]))
+    if got.dtype == BF:  # k_pe is copied exactly
+        assert torch.equal(got_rows[:, 512:], c["k_pe"].cpu()[idx])
+    mask = torch.ones(got.shape[:2], dtype=torch.bool)
+    for _, b, s in written:
+        mask[b, s] = False
+    assert torch.equal(_codes(got[mask]), _codes(before[mask])), "bytes outside the slots changed"
+
+
+@pytest.mark.parametrize("r,q,bs,dtype,kv_scale,pad", [
+    (1, 1, 16, F8, 0.05, ()), (3, 1, 64, BF, 1.0, ()), (4, 2, 256, F8, 1.0, (3,)),
+    (8, 8, 32, F8, 0.02, (0, 17, 63)), (64, 1, 128, BF, 1.0, (5, 6)), (2, 4, 16, BF, 1.0, (1,)),
+    (16, 4, 64, F8, 0.5, ())])
+def test_mla_kv_insert_matches_reference(r: int, q: int, bs: int, dtype: torch.dtype,
+                                         kv_scale: float, pad: tuple[int, ...]) -> None:
+    from backend.k3_decode.ops.prep import mla_kv_insert
+
+    c = kv_case(r, q, bs, dtype, kv_scale, seed=r * 100 + q * 10 + bs, pad_tokens=pad)
+    before = c["kv_cache"].cpu().clone()
+    mla_kv_insert(**c, q_per_request=q)
+    torch.cuda.synchronize()
+    name = "fp8" if dtype == F8 else "bf16"
+    check_kv(f"t{r * q}/q{q}/bs{bs}/{name}/scale{kv_scale}/pad{len(pad)}", c, before, q)
+
+
+def test_mla_kv_insert_skips_positions_outside_the_table() -> None:
+    """A position past the block table, or a table entry outside the cache, writes nothing."""
+    from backend.k3_decode.ops.prep import mla_kv_insert
+
+    c = kv_case(4, 1, 16, F8, 0.1, seed=9)
+    c["positions"][1] = 5 * 16 + 3  # block index 5 of a 5-block table
+    c["block_table"][2, :] = 10_000  # not a block of this cache
+    before = c["kv_cache"].cpu().clone()
+    mla_kv_insert(**c)
+    torch.cuda.synchronize()
+    got = c["kv_cache"].cpu()
+    changed = (_codes(got) != _codes(before)).any(dim=-1).nonzero().tolist()
+    bt, pos = c["block_table"].cpu(), c["positions"].cpu().tolist()
+    want = sorted([int(bt[i, pos[i] // 16]), pos[i] % 16] for i in (0, 3))
+    assert sorted(changed) == want
+
+
+# ---------------------------------------------------------------- CUDA graph
+
+
+def test_prep_ops_in_a_cuda_graph_replay_on_fresh_inputs() -> None:
+    """Both ops captured once; each replay after copying new inputs matches the reference."""
+    from backend.k3_decode.ops.prep import mla_kv_insert, rms_glu_prep
+
+    glu = glu_case(8, 3584, 768, True, True, seed=1)
+    kv = kv_case(4, 2, 64, F8, 0.05, seed=1)
+    rms_glu_prep(glu["a"], glu["a_weight"], glu["gu"], glu["out"])  # compile + load first
+    mla_kv_insert(**kv, q_per_request=2)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rms_glu_prep(glu["a"], glu["a_weight"], glu["gu"], glu["out"])
+        mla_kv_insert(**kv, q_per_request=2)
+    for seed in (2, 3):
+        new_glu, new_kv = glu_case(8, 3584, 768, True, True, seed), kv_case(4, 2, 64, F8, 0.05,
+                                                                             seed, (5,))
+        for name in ("a", "a_weight", "gu"):
+            glu[name].copy_(new_glu[name])
+        for name in ("kv_c", "k_pe", "kv_norm_w", "block_table", "positions", "kv_scale"):
+            kv[name].copy_(new_kv[name])
+        poison_(glu["buf"])
+        poison_(kv["kv_cache"])
+        torch.cuda.synchronize()
+        before = kv["kv_cache"].cpu().clone()
+        graph.replay()
+        torch.cuda.synchronize()
+        check_glu(f"graph/replay{seed}/t8/la3584/i768", glu, 3584, 768)
+        check_kv(f"graph/replay{seed}/t8/q2/bs64/fp8", kv, before, 2)

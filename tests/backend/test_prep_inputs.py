@@ -1,0 +1,200 @@
+"""Prep-op input checks on the CPU: every unsupported input raises `PrepInputError` before any
+compile or launch; valid CPU inputs get as far as the device check (which runs last)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.k3_decode.ops.prep.op import (
+    PrepInputError,
+    check_kv_insert,
+    check_rms_glu,
+    compile_kv_insert,
+    compile_rms_glu,
+    mla_kv_insert,
+    rms_glu_prep,
+)
+
+BF = torch.bfloat16
+F8 = torch.float8_e4m3fn
+
+
+def glu_inputs(t: int = 3, la: int = 3584, inter: int = 768) -> dict:
+    return {"a": torch.zeros(t, la, dtype=BF) if la else None,
+            "a_weight": torch.ones(la, dtype=BF) if la else None,
+            "gu": torch.zeros(t, 2 * inter, dtype=BF) if inter else None,
+            "out": torch.zeros(t, la + inter, dtype=BF)}
+
+
+def glu_raises(match: str, **changes) -> None:
+    kw = glu_inputs()
+    kw.update(changes)
+    with pytest.raises(PrepInputError, match=match):
+        check_rms_glu(**kw)
+
+
+def kv_inputs(t: int = 4, q: int = 2, bs: int = 64, dtype: torch.dtype = F8) -> dict:
+    proj = torch.zeros(t, 2048 + 64 + 32, dtype=BF)  # kv_c / k_pe as column slices of one row
+    return {"kv_c": proj[:, 1536:2048], "k_pe": proj[:, 2048:2112],
+            "kv_norm_w": torch.ones(512, dtype=BF),
+            "kv_cache": torch.zeros(8, bs, 576, dtype=dtype),
+            "block_table": torch.zeros(t // q, 4, dtype=torch.int32),
+            "positions": torch.arange(t, dtype=torch.int32),
+            "kv_scale": torch.ones(1, dtype=torch.float32), "q_per_request": q}
+
+
+def kv_raises(match: str, **changes) -> None:
+    kw = kv_inputs()
+    kw.update(changes)
+    with pytest.raises(PrepInputError, match=match):
+        check_kv_insert(**kw)
+
+
+@pytest.mark.parametrize("t,la,inter", [(1, 3584, 768), (64, 3584, 384), (8, 0, 4224),
+                                        (3, 1536, 0), (2, 16384, 8192), (5, 256, 128)])
+def test_rms_glu_valid_cpu_inputs_stop_only_at_the_device_check(t: int, la: int, inter: int):
+    kw = glu_inputs(t, la, inter)
+    with pytest.raises(PrepInputError, match="needs CUDA tensors"):
+        check_rms_glu(**kw)
+    compiled = compile_rms_glu.cache_info().currsize
+    with pytest.raises(PrepInputError, match="rms_glu_prep: .*needs CUDA tensors"):
+        rms_glu_prep(kw["a"], kw["a_weight"], kw["gu"], kw["out"], eps=1e-5)
+    assert compile_rms_glu.cache_info().currsize == compiled, "compiled before the checks"
+
+
+def test_rms_glu_strided_rows_are_accepted():
+    wide = torch.zeros(3, 4096, dtype=BF)
+    out = torch.zeros(3, 8192, dtype=BF)[:, : 3584 + 768]
+    with pytest.raises(PrepInputError, match="needs CUDA tensors"):
+        check_rms_glu(wide[:, :3584], None, wide[:, 2048:2048 + 1536], out)
+
+
+def test_rms_glu_rejects_sizes():
+    glu_raises("0 tokens is outside 1..64", **glu_inputs(t=0))
+    glu_raises("65 tokens is outside 1..64", **glu_inputs(t=65))
+    glu_raises("La=3500 must be a multiple of 256", **glu_inputs(la=3500))
+    glu_raises("La=16640 must be a multiple of 256 in 256..16384", **glu_inputs(la=16640))
+    glu_raises("I=100 must be a multiple of 128", **glu_inputs(inter=100))
+    glu_raises("I=8320 must be a multiple of 128 in 128..8192", **glu_inputs(inter=8320))
+    glu_raises("gu width 1537 is odd", gu=torch.zeros(3, 1537, dtype=BF))
+    glu_raises("nothing to do", **glu_inputs(la=0, inter=0))
+    glu_raises("La=0 must be", a=torch.zeros(3, 0, dtype=BF), a_weight=None,
+               out=torch.zeros(3, 768, dtype=BF))
+
+
+def test_rejects_bad_scalars():
+    glu_raises("eps=-1e-06 must be a finite number >= 0", eps=-1e-6)
+    glu_raises("beta=0.0 must be a finite number > 0", beta=0.0)
+    glu_raises("linear_beta=inf must be a finite number > 0", linear_beta=float("inf"))
+    glu_raises("eps=nan", eps=float("nan"))
+    kv_raises("mla_kv_insert: eps=-1.0 must be a finite number >= 0", eps=-1.0)
+    kv_raises("q_per_request must be a positive int, got True", q_per_request=True)
+
+
+def test_rms_glu_rejects_mismatches():
+    glu_raises("a_weight is given but a is None", a=None,
+               out=torch.zeros(3, 768, dtype=BF))
+    glu_raises("a has 2 rows, out has 3", a=torch.zeros(2, 3584, dtype=BF))
+    glu_raises("gu has 4 rows, out has 3", gu=torch.zeros(4, 1536, dtype=BF))
+    glu_raises(r"out must have shape \(3, 4352\), got \(3, 4353\)",
+               out=torch.zeros(3, 4353, dtype=BF))
+    glu_raises("out must be a 2-D tensor", out=torch.zeros(3 * 4352, dtype=BF))
+    glu_raises("a must be a 2-D tensor", a=torch.zeros(3, 2, 1792, dtype=BF))
+    glu_raises(r"a_weight must have shape \(3584,\)", a_weight=torch.ones(1536, dtype=BF))
+
+
+def test_rms_glu_rejects_dtypes_and_layouts():
+    glu_raises("a must be torch.bfloat16, got torch.float32", a=torch.zeros(3, 3584))
+    glu_raises("a_weight must be torch.bfloat16", a_weight=torch.ones(3584, dtype=torch.float16))
+    glu_raises("gu must be torch.bfloat16", gu=torch.zeros(3, 1536))
+    glu_raises("out must be torch.bfloat16", out=torch.zeros(3, 4352))
+    glu_raises("a row strides", a=torch.zeros(3, 3584 + 4, dtype=BF)[:, :3584])
+    glu_raises("gu must have a unit last stride", gu=torch.zeros(1536, 3, dtype=BF).t())
+    glu_raises("out base address is not 16-byte aligned",
+               out=torch.zeros(3, 4352 + 8, dtype=BF)[:, 2:4354])
+    glu_raises("a_weight must have a unit last stride",
+               a_weight=torch.ones(7168, dtype=BF)[::2])
+
+
+@pytest.mark.parametrize("t,q,bs,dtype", [(1, 1, 16, F8), (64, 8, 256, BF), (6, 3, 64, F8)])
+def test_kv_insert_valid_cpu_inputs_stop_only_at_the_device_check(t: int, q: int, bs: int,
+                                                                   dtype: torch.dtype):
+    kw = kv_inputs(t, q, bs, dtype)
+    with pytest.raises(PrepInputError, match="needs CUDA tensors"):
+        check_kv_insert(**kw)
+    q_per = kw.pop("q_per_request")
+    compiled = compile_kv_insert.cache_info().currsize
+    with pytest.raises(PrepInputError, match="mla_kv_insert: .*needs CUDA tensors"):
+        mla_kv_insert(**kw, q_per_request=q_per)
+    assert compile_kv_insert.cache_info().currsize == compiled, "compiled before the checks"
+
+
+def test_kv_insert_rejects_sizes():
+    kv_raises("0 tokens is outside 1..64", **kv_inputs(t=0))
+    kv_raises("66 tokens is outside 1..64", **kv_inputs(t=66))
+    kv_raises("4 tokens is not a multiple of q_per_request=3", q_per_request=3)
+    kv_raises("q_per_request must be a positive int", q_per_request=0)
+    kv_raises("block size 48 is not a power of two", kv_cache=torch.zeros(8, 48, 576, dtype=F8))
+    kv_raises("block size 8 is not a power of two", kv_cache=torch.zeros(8, 8, 576, dtype=F8))
+    kv_raises("block size 512 is not a power of two",
+              kv_cache=torch.zeros(2, 512, 576, dtype=F8))
+    kv_raises(r"kv_cache must have shape \(8, 64, 576\), got \(8, 64, 512\)",
+              kv_cache=torch.zeros(8, 64, 512, dtype=F8))
+    kv_raises("kv_cache must be .num_blocks, block_size, 576.",
+              kv_cache=torch.zeros(8 * 64, 576, dtype=F8))
+    kv_raises("kv_cache has no blocks", kv_cache=torch.zeros(0, 64, 576, dtype=F8))
+    kv_raises(r"kv_c must have shape \(4, 512\)", kv_c=torch.zeros(4, 448, dtype=BF))
+    kv_raises(r"k_pe must have shape \(4, 64\)", k_pe=torch.zeros(3, 64, dtype=BF))
+    kv_raises(r"kv_norm_w must have shape \(512,\)", kv_norm_w=torch.ones(576, dtype=BF))
+    kv_raises(r"block_table must be \[>= 2 requests", block_table=torch.zeros(1, 4,
+                                                                              dtype=torch.int32))
+    kv_raises("block_table must be .R, max_blocks.",
+              block_table=torch.zeros(8, dtype=torch.int32))
+    kv_raises(r"positions must be a contiguous \(4,\) tensor",
+              positions=torch.zeros(4, 1, dtype=torch.int32))
+    kv_raises("kv_scale must be a float32 tensor of one element",
+              kv_scale=torch.ones(2, dtype=torch.float32))
+
+
+def test_kv_insert_rejects_dtypes_and_layouts():
+    kv_raises("kv_cache must be torch.float8_e4m3fn or torch.bfloat16, got torch.float16",
+              kv_cache=torch.zeros(8, 64, 576, dtype=torch.float16))
+    kv_raises("kv_cache must be torch.float8_e4m3fn or torch.bfloat16",
+              kv_cache=torch.zeros(8, 64, 576, dtype=torch.float8_e5m2))
+    kv_raises("kv_c must be torch.bfloat16", kv_c=torch.zeros(4, 512))
+    kv_raises("k_pe must be torch.bfloat16", k_pe=torch.zeros(4, 64, dtype=torch.float16))
+    kv_raises("kv_norm_w must be torch.bfloat16", kv_norm_w=torch.ones(512))
+    kv_raises("block_table must be torch.int32", block_table=torch.zeros(2, 4, dtype=torch.int64))
+    kv_raises("positions must be a torch.int32 tensor", positions=torch.arange(4))
+    kv_raises("kv_scale must be a float32 tensor", kv_scale=torch.ones(1, dtype=BF))
+    kv_raises("kv_scale must be a float32 tensor", kv_scale=1.0)
+    kv_raises("kv_c row strides", kv_c=torch.zeros(4, 516, dtype=BF)[:, :512])
+    kv_raises("k_pe base address is not 16-byte aligned",
+              k_pe=torch.zeros(4, 80, dtype=BF)[:, 4:68])
+    kv_raises("kv_cache row strides",
+              kv_cache=torch.zeros(8, 64, 580, dtype=F8)[:, :, :576])
+    kv_raises("block_table must have a unit last stride",
+              block_table=torch.zeros(4, 2, dtype=torch.int32).t())
+    kv_raises("kv_norm_w must have a unit last stride",
+              kv_norm_w=torch.ones(1024, dtype=BF)[::2])
+
+
+def test_kv_insert_accepts_a_strided_cache_and_a_longer_block_table():
+    """A cache view with padded blocks and a persistent block table with spare rows pass."""
+    cache = torch.zeros(8, 64 * 576 + 16, dtype=F8)[:, : 64 * 576].view(8, 64, 576)
+    with pytest.raises(PrepInputError, match="needs CUDA tensors"):
+        check_kv_insert(**{**kv_inputs(), "kv_cache": cache,
+                           "block_table": torch.zeros(16, 4, dtype=torch.int32)})
+
+
+
+def test_min_bytes_count_each_tensor_once():
+    """Hand-counted: MoE tail prep at TP8, one token (a 3584 + gu 1536 in, out 4352, bf16)."""
+    from backend.k3_decode.ops.prep import kv_insert_min_bytes, rms_glu_min_bytes
+
+    assert rms_glu_min_bytes(1, 3584, 768, False) == 2 * (3584 + 1536 + 4352)
+    assert rms_glu_min_bytes(2, 1536, 0, True) == 2 * (2 * 1536 * 2 + 1536)
+    # kv_c 512 + k_pe 64 bf16, position + block id, fp8 row 576; the weight once.
+    assert kv_insert_min_bytes(1, True) == 1152 + 8 + 576 + 1024 + 4
+    assert kv_insert_min_bytes(3, False) - kv_insert_min_bytes(2, False) == 1152 + 8 + 1152
