@@ -1,0 +1,203 @@
+"""k3ft perf-tier harness (``backend.harness:run_points``): our specialized executor against the
+stock-equivalent executor on one GPU, at the real per-GPU shard widths of a TP degree.
+
+Per sweep point (``k3fasttrack.perf.harness`` protocol): ``batch`` requests of ``q = 1 + draft_len``
+tokens each at sequence length ``input_len``; a step is one captured CUDA graph replay of the
+whole reduced-depth model (embedding, layers, final AttnRes + norm, LM head shard). Each repeat
+replays ``output_len`` steps on one side (baseline, candidate, interleaved) and reports per-step
+times as TPOT = step time / accepted tokens per request, with the synthetic acceptance length
+``acceptance_len`` (1 for plain decode); tokens/s counts accepted tokens. Both sides start from
+the same caches and replay the same inputs.
+
+Proof evidence per point, written under the point's evidence directory in the bundle: each side's
+selection trace (JSONL, one record per step) and, on the first repeat, a torch-profiler trace of
+one replayed step per side (kernel names).
+
+A point's ``tp`` is the number of GPUs, which must be 1: the harness runs ONE rank of a TP
+deployment (``K3FT_HARNESS_SHARD_TP``, default 8: the TP8 per-GPU shard widths) with its
+collectives skipped (world size 1).
+
+Knobs (environment): ``K3FT_HARNESS_DEPTH`` (layers, default 5: dense KDA layer 0, KDA+MoE 1-2,
+MLA+MoE 3, KDA+MoE 4), ``K3FT_HARNESS_EXPERTS`` (896), ``K3FT_HARNESS_SIDE_STREAM`` (router on a
+side stream, default 0), ``K3FT_HARNESS_SEED`` (weights, default 0).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from k3fasttrack.errors import InfrastructureError, UsageError
+from k3fasttrack.perf.harness import HarnessPoint, HarnessRepeat
+from k3fasttrack.tiers.proof.signals import trace_offsets, trace_window
+
+_MODELS: dict[tuple, Any] = {}
+
+
+def settings() -> dict[str, int]:
+    """The harness knobs in effect (they go into the configuration digest)."""
+    return {
+        "depth": int(os.environ.get("K3FT_HARNESS_DEPTH", "5")),
+        "experts": int(os.environ.get("K3FT_HARNESS_EXPERTS", "896")),
+        "side_stream": int(os.environ.get("K3FT_HARNESS_SIDE_STREAM", "0")),
+        "seed": int(os.environ.get("K3FT_HARNESS_SEED", "0")),
+        "shard_tp": int(os.environ.get("K3FT_HARNESS_SHARD_TP", "8")),
+        "prep_kernel": int(os.environ.get("K3_DECODE_PREP", "kernel") != "torch"),
+    }
+
+
+def _model(tp: int, s: dict[str, int]) -> Any:
+    from backend.k3_decode.config import k3_config
+    from backend.k3_decode.executor.weights import random_model
+
+    key = (tp, s["depth"], s["experts"], s["seed"])  # tp: the shard widths emulated
+    if key not in _MODELS:
+        _MODELS.clear()  # one model at a time: they are large
+        torch.cuda.empty_cache()
+        cfg = k3_config(tp)
+        _MODELS[key] = random_model(cfg, s["depth"], seed=s["seed"], device="cuda",
+                                    num_experts=s["experts"])
+    return _MODELS[key]
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+def _step_times(step: Any, n: int) -> list[float]:
+    """Milliseconds of ``n`` back-to-back replays, each bracketed by CUDA events."""
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(n)]
+    for a, b in events:
+        a.record()
+        step.replay()
+        b.record()
+    torch.cuda.synchronize()
+    return [a.elapsed_time(b) for a, b in events]
+
+
+def _metrics(times_ms: list[float], reqs: int, acc: float) -> dict[str, float]:
+    tpot = sorted(t / acc for t in times_ms)
+    p90 = tpot[min(len(tpot) - 1, round(0.9 * (len(tpot) - 1)))]
+    med = statistics.median(tpot)
+    return {
+        "tpot_ms_median": med,
+        "tpot_ms_p90": p90,
+        "output_tok_s": reqs * acc * len(times_ms) / (sum(times_ms) / 1000.0),
+        "interactivity_tok_s_user": 1000.0 / med,
+    }
+
+
+def _profile(step: Any, path: Path) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step.replay(record=False)
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(str(path))
+
+
+class _Side:
+    """One executor of a point, with its own caches and selection-trace file."""
+
+    def __init__(self, name: str, ops: Any, weights: Any, caches: Any, inp: Any,
+                 trace_path: Path) -> None:
+        from backend.k3_decode.executor.runner import Executor
+        from backend.k3_decode.trace import TraceWriter
+
+        self.name = name
+        self.trace_path = trace_path
+        self.writer = TraceWriter(trace_path, flush_every=1 << 30, counters_every=1 << 30)
+        self.ex = Executor(ops, weights, caches, max_tokens=inp.num_tokens, trace=self.writer)
+        self.graph = self.ex.capture(inp)
+
+    def window(self, offsets: dict[str, int], point: str, rel: str) -> dict[str, Any]:
+        self.writer.flush()
+        ev = trace_window(offsets, tier="perf", server_side=self.name, side=self.name, cell=point)
+        return ev.model_copy(update={"source": rel}).model_dump(mode="json")
+
+
+def _sides(point: HarnessPoint, s: dict[str, int], evid: Path) -> tuple[_Side, _Side, Any]:
+    from backend.k3_decode.config import k3_config
+    from backend.k3_decode.executor.kernel_ops import KernelOps
+    from backend.k3_decode.executor.state import blocks_needed, make_caches, synthetic_step
+    from backend.k3_decode.executor.torch_ops import TorchOps
+
+    p = point.params
+    q = 1 + p.draft_len
+    acc = p.acceptance_len or 1.0
+    cfg = k3_config(s["shard_tp"])
+    weights = _model(s["shard_tp"], s)
+    inp = synthetic_step(p.batch, q, p.input_len, vocab=weights.lm_head.shape[0],
+                         seed=point.seed, accepted=max(1, min(q, round(acc))), device="cuda")
+    layers = [(layer.index, layer.kind) for layer in weights.layers]
+    caches = make_caches(cfg, layers, slots=1 + p.batch * q,
+                         num_blocks=blocks_needed(p.batch, p.input_len), seed=point.seed,
+                         device="cuda")
+    base = _Side("baseline", TorchOps(cfg), weights, caches.clone(), inp,
+                 evid / "selection-baseline.jsonl")
+    cand = _Side("candidate", KernelOps(cfg, side_stream=bool(s["side_stream"]),
+                                        max_context=p.input_len),
+                 weights, caches, inp, evid / "selection-candidate.jsonl")
+    return base, cand, inp
+
+
+def _check_point(point: HarnessPoint) -> None:
+    p = point.params
+    q = 1 + p.draft_len
+    if p.batch * q > 64:
+        raise UsageError(f"{point.point}: {p.batch} requests x {q} tokens exceeds 64 tokens "
+                         "(the specialized path's largest step)")
+    if (p.acceptance_len or 1.0) > q:
+        raise UsageError(f"{point.point}: acceptance length {p.acceptance_len} > q = {q}")
+    if p.tp != 1:
+        raise UsageError(f"{point.point}: the harness runs on one GPU (tp 1, one rank's shard "
+                         f"widths from K3FT_HARNESS_SHARD_TP); TP{p.tp} runs go through vLLM")
+    if point.evidence_dir is None or point.evidence_rel is None:
+        raise UsageError(f"{point.point}: no evidence directory was given to the harness")
+    if not torch.cuda.is_available():
+        raise InfrastructureError("the k3-hopper harness needs a CUDA GPU (none visible)")
+
+
+def run_points(point: HarnessPoint) -> Iterator[HarnessRepeat]:
+    """Measure one sweep point on both executors (A B A B ...), with proof evidence."""
+    _check_point(point)
+    p, s = point.params, settings()
+    acc = p.acceptance_len or 1.0
+    evid = Path(point.evidence_dir or "")
+    evid.mkdir(parents=True, exist_ok=True)
+    base, cand, inp = _sides(point, s, evid)
+    for side in (base, cand):
+        for _ in range(max(1, point.warmup_requests)):
+            side.graph.replay()
+    torch.cuda.synchronize()
+    config = _digest({**s, "context": p.input_len, "q": 1 + p.draft_len})
+    prompts = _digest(inp.token_ids.tolist())
+    out_len = round(p.output_len * acc)
+    for k in range(point.repeats):
+        for side in (base, cand):
+            offsets = trace_offsets([side.trace_path])
+            times = _step_times(side.graph, p.output_len)
+            rel = f"{point.evidence_rel}/{side.trace_path.name}"
+            evidence = [side.window(offsets, point.point, rel)]
+            if k == 0:
+                prof = evid / f"profile-{side.name}.json"
+                _profile(side.graph, prof)
+                evidence.append({"tier": "perf", "side": side.name, "signal": "kernel_names",
+                                 "cell": point.point, "source": f"{point.evidence_rel}/{prof.name}"})
+            yield HarnessRepeat(
+                side=side.name, repeat=k, metrics=_metrics(times, p.batch, acc),
+                output_lens=(out_len,) * p.batch, concurrency_reached=p.batch,
+                prompts_sha256=prompts, mean_input_tokens=float(p.input_len),
+                server_config_sha256=config, evidence=tuple(evidence),
+                counters={"step_ms_sum": sum(times), "steps": float(len(times))},
+            )
+    for side in (base, cand):
+        side.writer.close()

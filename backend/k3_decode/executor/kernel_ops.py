@@ -1,0 +1,213 @@
+"""The specialized executor's ops: our CuTe DSL kernels, nothing from torch on the hot path but
+the embedding gather.
+
+Per KDA + MoE layer (11 launches): AttnRes+norm, input projection (GEMV), fused KDA, o_proj,
+AttnRes+norm, router, front projection ``[latent down ; shared gate_up]``, MXFP4 experts (2),
+``rms_glu_prep`` (latent RMS scale + shared SiTU), tail projection ``[up * norm_w | shared down]``
+(the routed output and the shared experts are summed inside that one GEMV). With
+``side_stream=True`` the router runs on a second stream beside the front projection (joined
+before the experts). The MLA layer: two projections (``q_a|kv_a`` and the gate, so that each
+output is contiguous), q_a RMSNorm, fused kv RMSNorm + cache insert, two q_b projections
+(nope / pe rows), the three-kernel MLA decode, o_proj. Dense layer 0: gate_up, SiTU, down.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from backend.k3_decode.config import K3Config
+from backend.k3_decode.executor.state import KdaCache, MlaCache, StepInputs
+from backend.k3_decode.executor.weights import DenseWeights, KdaWeights, MlaWeights, MoeWeights
+
+
+def torch_rms_glu_prep(a: torch.Tensor | None, a_weight: torch.Tensor | None,
+                       gu: torch.Tensor | None, out: torch.Tensor, *, eps: float = 1e-6,
+                       beta: float = 4.0, linear_beta: float = 25.0) -> torch.Tensor:
+    """Torch stand-in of ``ops.prep.rms_glu_prep`` (same math; several kernels), selected by
+    ``K3_DECODE_PREP=torch``."""
+    parts = []
+    if a is not None:
+        x = a.float()
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        parts.append(y if a_weight is None else y * a_weight.float())
+    if gu is not None:
+        g, u = gu.float().chunk(2, dim=-1)
+        parts.append(beta * torch.tanh(g / beta) * torch.sigmoid(g)
+                     * linear_beta * torch.tanh(u / linear_beta))
+    return out.copy_(torch.cat(parts, dim=-1))
+
+
+def torch_mla_kv_insert(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_norm_w: torch.Tensor,
+                        kv_cache: torch.Tensor, block_table: torch.Tensor,
+                        positions: torch.Tensor, kv_scale: torch.Tensor, *,
+                        q_per_request: int = 1, eps: float = 1e-6) -> None:
+    """Torch stand-in of ``ops.prep.mla_kv_insert`` (``K3_DECODE_PREP=torch``)."""
+    x = kv_c.float()
+    row = torch.cat([x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+                     * kv_norm_w.float(), k_pe.float()], dim=-1)
+    bs = kv_cache.shape[1]
+    req = torch.arange(row.shape[0], device=row.device) // q_per_request
+    pos = positions.long()
+    p0 = pos.clamp_min(0)
+    blk = block_table.long()[req, p0 // bs]
+    fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    val = ((row / kv_scale).clamp(-448.0, 448.0) if fp8 else row).to(kv_cache.dtype)
+    raw = kv_cache.view(torch.uint8) if fp8 else kv_cache
+    new = val.view(torch.uint8) if fp8 else val
+    raw[blk, p0 % bs] = torch.where((pos >= 0)[:, None], new, raw[blk, p0 % bs])
+
+
+@dataclass
+class _MlaPacked:
+    qkv_a: torch.Tensor  # [q_lora + kv_lora + rope, H]
+    gate: torch.Tensor  # [heads*v, H]
+    q_b_nope: torch.Tensor  # [heads*nope, q_lora]
+    q_b_pe: torch.Tensor  # [heads*rope, q_lora]
+
+
+class KernelOps:
+    """CuTe DSL implementation of every executor op (see the module docstring)."""
+
+    name = "specialized"
+
+    def __init__(self, cfg: K3Config, *, side_stream: bool = False,
+                 max_context: int | None = None) -> None:
+        from backend.k3_decode.ops.attn_res import attn_res_norm
+        from backend.k3_decode.ops.gemv import gemv
+        from backend.k3_decode.ops.kda import kda_decode
+        from backend.k3_decode.ops.mla import mla_decode
+        from backend.k3_decode.ops.moe import moe_experts
+        from backend.k3_decode.ops.prep import mla_kv_insert, rms_glu_prep
+        from backend.k3_decode.ops.router import route
+
+        self.cfg = cfg
+        if os.environ.get("K3_DECODE_PREP", "kernel") == "torch":  # fallback, see NOTES.md
+            rms_glu_prep, mla_kv_insert = torch_rms_glu_prep, torch_mla_kv_insert
+        self._gemv, self._kda, self._mla, self._moe = gemv, kda_decode, mla_decode, moe_experts
+        self._route, self._attn_res, self._prep, self._insert = (route, attn_res_norm,
+                                                                 rms_glu_prep, mla_kv_insert)
+        self.max_context = max_context
+        self._side = torch.cuda.Stream() if side_stream else None
+        self._mla_packed: dict[int, _MlaPacked] = {}
+        self._dense_packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.skip_experts = False
+        """Benchmark aid: skip the routed experts (the latent goes straight to the norm)."""
+
+    def embed(self, table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Embedding gather (one torch index_select)."""
+        return torch.index_select(table, 0, ids, out=out)
+
+    def attn_res(self, prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
+                 norm_w: torch.Tensor, proj_w: torch.Tensor, out_norm_w: torch.Tensor | None,
+                 num_blocks: int, write_idx: int, out: torch.Tensor) -> torch.Tensor:
+        """Fused AttnRes + RMSNorm kernel."""
+        eps = self.cfg.rms_eps
+        return self._attn_res(prefix, delta, blocks, norm_w, proj_w, out_norm_w, num_blocks,
+                              write_idx, eps=eps, out_eps=eps, out=out)
+
+    def kda(self, w: KdaWeights, h: torch.Tensor, cache: KdaCache, inp: StepInputs,
+            out: torch.Tensor) -> torch.Tensor:
+        """Input projection, fused KDA step (conv, gate, delta rule, gated norm), o_proj."""
+        k = self.cfg.kda
+        hd = k.num_heads * k.head_dim
+        proj = self._gemv(h, w.in_proj)
+        o = self._kda(proj[:, : 3 * hd], proj[:, 4 * hd : 4 * hd + k.f_rank],
+                      proj[:, 4 * hd + k.f_rank : 4 * hd + k.f_rank + k.num_heads],
+                      proj[:, 3 * hd : 4 * hd], w.f_b, w.conv_w, w.dt_bias, w.a_log, w.norm_w,
+                      cache.conv_state, cache.state, inp.state_indices, inp.num_accepted,
+                      gate_form=k.gate_form, lower_bound=k.gate_lower_bound, norm_eps=k.norm_eps)
+        return self._gemv(o, w.o_proj, out)
+
+    def _packed_mla(self, w: MlaWeights) -> _MlaPacked:
+        key = id(w)
+        if key not in self._mla_packed:
+            m = self.cfg.mla
+            nh, nope, rope = m.num_heads, m.qk_nope_head_dim, m.qk_rope_head_dim
+            front = m.q_lora_rank + m.kv_lora_rank + rope
+            qb = w.q_b.view(nh, nope + rope, m.q_lora_rank)
+            self._mla_packed[key] = _MlaPacked(
+                w.qkv_a_g[:front].contiguous(), w.qkv_a_g[front:].contiguous(),
+                qb[:, :nope].reshape(nh * nope, -1).contiguous(),
+                qb[:, nope:].reshape(nh * rope, -1).contiguous())
+        return self._mla_packed[key]
+
+    def mla(self, w: MlaWeights, h: torch.Tensor, cache: MlaCache, inp: StepInputs,
+            out: torch.Tensor) -> torch.Tensor:
+        """Projections, q/kv norms + cache insert, absorbed MLA decode, o_proj."""
+        m = self.cfg.mla
+        p = self._packed_mla(w)
+        t, nh = h.shape[0], m.num_heads
+        qa = self._gemv(h, p.qkv_a)
+        gate = self._gemv(h, p.gate)
+        q_c = qa[:, : m.q_lora_rank]
+        kv_c = qa[:, m.q_lora_rank : m.q_lora_rank + m.kv_lora_rank]
+        k_pe = qa[:, m.q_lora_rank + m.kv_lora_rank :]
+        qn = self._prep(q_c, w.q_a_norm, None,
+                        torch.empty(t, m.q_lora_rank, dtype=h.dtype, device=h.device),
+                        eps=m.norm_eps)
+        self._insert(kv_c, k_pe, w.kv_a_norm, cache.kv_cache, inp.block_table, inp.positions,
+                     cache.kv_scale, q_per_request=inp.q, eps=m.norm_eps)
+        q_nope = self._gemv(qn, p.q_b_nope).view(t, nh, m.qk_nope_head_dim)
+        q_pe = self._gemv(qn, p.q_b_pe).view(t, nh, m.qk_rope_head_dim)
+        o = self._mla(q_nope, q_pe, gate, cache.kv_cache, inp.block_table, inp.seq_lens,
+                      w.w_uk_t, w.w_uv, q_per_request=inp.q, kv_scale=cache.kv_scale,
+                      softmax_scale=m.softmax_scale, max_context=self.max_context,
+                      check_lengths=False)
+        return self._gemv(o, w.o_proj, out)
+
+    def moe(self, w: MoeWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Router (optionally on the side stream), front GEMV, MXFP4 experts, prep, tail GEMV."""
+        mo, lat = self.cfg.moe, self.cfg.moe.latent_dim
+        front, tail = w.packed()
+        if self._side is not None:
+            main = torch.cuda.current_stream(h.device)
+            self._side.wait_stream(main)
+            with torch.cuda.stream(self._side):
+                wts, ids, _ = self._route(h, w.gate_w, w.bias, mo.top_k,
+                                          mo.routed_scaling_factor)
+            fr = self._gemv(h, front)
+            main.wait_stream(self._side)
+        else:
+            wts, ids, _ = self._route(h, w.gate_w, w.bias, mo.top_k, mo.routed_scaling_factor)
+            fr = self._gemv(h, front)
+        routed = fr[:, :lat] if self.skip_experts else self._moe(
+            fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, beta=mo.situ_beta,
+            linear_beta=mo.situ_linear_beta)
+        s = w.shared_down.shape[1]
+        xt = torch.empty(h.shape[0], lat + s, dtype=h.dtype, device=h.device)
+        self._prep(routed, None, fr[:, lat:], xt, eps=self.cfg.rms_eps, beta=mo.situ_beta,
+                   linear_beta=mo.situ_linear_beta)
+        return self._gemv(xt, tail, out)
+
+    def _padded_dense(self, w: DenseWeights) -> tuple[torch.Tensor, torch.Tensor]:
+        """gate_up / down with the intermediate padded to a multiple of 128 by zero rows and
+        columns (TP16: 2112 -> 2176, as vLLM's specialized path pads it); SiTU(0, 0) = 0."""
+        key = id(w)
+        if key not in self._dense_packed:
+            inter = w.down.shape[1]
+            pad = -inter % 128
+            if pad == 0:
+                self._dense_packed[key] = (w.gate_up, w.down)
+            else:
+                g, u = w.gate_up.chunk(2, dim=0)
+                z = g.new_zeros(pad, g.shape[1])
+                self._dense_packed[key] = (
+                    torch.cat([g, z, u, z], dim=0).contiguous(),
+                    torch.nn.functional.pad(w.down, (0, pad)).contiguous())
+        return self._dense_packed[key]
+
+    def dense(self, w: DenseWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Dense layer 0: gate_up GEMV, SiTU, down GEMV."""
+        mo = self.cfg.moe
+        gate_up, down = self._padded_dense(w)
+        gu = self._gemv(h, gate_up)
+        act = torch.empty(h.shape[0], down.shape[1], dtype=h.dtype, device=h.device)
+        self._prep(None, None, gu, act, beta=mo.situ_beta, linear_beta=mo.situ_linear_beta)
+        return self._gemv(act, down, out)
+
+    def logits(self, h: torch.Tensor, lm_head: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """LM head GEMV over the vocabulary shard, fp32 out."""
+        return self._gemv(h, lm_head, out)

@@ -1,0 +1,205 @@
+"""Measurements of the executors on a GPU: per-layer time, kernels per layer, bytes that must
+move (the per-layer roofline), and numerical agreement over many greedy steps.
+
+Used by ``benchmarks/bench_executor.py`` (tables in backend/NOTES.md) and by the GPU tests.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from backend.k3_decode.executor.model import Workspace, decode_step, layer_step
+from backend.k3_decode.executor.runner import Executor
+from backend.k3_decode.executor.state import StepInputs
+from backend.k3_decode.executor.weights import (
+    DenseWeights,
+    KdaWeights,
+    LayerWeights,
+    MlaWeights,
+    MoeWeights,
+    weight_bytes,
+)
+
+
+def layer_graph(ex: Executor, pos: int, inp: StepInputs) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of one layer (``weights.layers[pos]``) on ``inp``'s shape, after a full
+    eager step has filled the workspace (the layer reads the previous delta from it)."""
+    t = inp.num_tokens
+    block = ex.weights.config.attn_res_block
+    decode_step(ex.ops, ex.weights, ex.caches, inp, ex.ws)
+    layer = ex.weights.layers[pos]
+    layer_step(ex.ops, layer, ex.caches, inp, ex.ws, t, pos == 0, block)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        layer_step(ex.ops, layer, ex.caches, inp, ex.ws, t, pos == 0, block)
+    return g
+
+
+def graph_us(g: torch.cuda.CUDAGraph, reps: int = 30) -> float:
+    """Median microseconds of one replay (events around each replay)."""
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1000.0)
+    return statistics.median(ts)
+
+
+def kernels_in(fn: Any) -> list[str]:
+    """Names of the GPU kernels ``fn()`` launches (torch profiler, eager)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA"
+            and not e.name.startswith(("Memcpy", "Memset"))]
+
+
+def layer_kernels(ex: Executor, pos: int, inp: StepInputs) -> list[str]:
+    """Kernels of one eager layer step."""
+    t = inp.num_tokens
+    block = ex.weights.config.attn_res_block
+    layer = ex.weights.layers[pos]
+    return kernels_in(lambda: layer_step(ex.ops, layer, ex.caches, inp, ex.ws, t, pos == 0,
+                                         block))
+
+
+def _moe_bytes(w: MoeWeights, ids: torch.Tensor | None) -> tuple[int, int]:
+    front, tail = w.packed()
+    dense = weight_bytes([w.gate_w, w.bias, front, tail])
+    per_expert = sum(x[0].numel() * x.element_size() for x in (w.w13, w.w13_scale, w.w2,
+                                                               w.w2_scale))
+    touched = 0 if ids is None else int(torch.unique(ids).numel())
+    return dense, touched * per_expert
+
+
+def layer_bytes(layer: LayerWeights, cfg: Any, reqs: int, q: int, context: int,
+                ids: torch.Tensor | None) -> dict[str, int]:
+    """Bytes a layer must move at least: weights once, the KDA state read + written per request
+    (per position for verify), the MLA latent cache rows read, the experts actually touched."""
+    out: dict[str, int] = {}
+    a = layer.attn
+    if isinstance(a, KdaWeights):
+        k = cfg.kda
+        state = reqs * k.num_heads * k.head_dim * k.head_dim * 4
+        conv = reqs * (k.conv_width - 1) * 3 * k.num_heads * k.head_dim * 2
+        out["attention"] = (weight_bytes([a.in_proj, a.f_b, a.conv_w, a.dt_bias, a.a_log,
+                                          a.norm_w, a.o_proj]) + state * (1 + q) + conv * (1 + q))
+    elif isinstance(a, MlaWeights):
+        out["attention"] = (weight_bytes([a.qkv_a_g, a.q_b, a.w_uk_t, a.w_uv, a.o_proj])
+                            + reqs * context * cfg.mla.latent_dim)
+    f = layer.ffn
+    if isinstance(f, DenseWeights):
+        out["ffn"] = weight_bytes([f.gate_up, f.down])
+    else:
+        dense, experts = _moe_bytes(f, ids)
+        out["ffn"], out["experts"] = dense, experts
+    out["total"] = sum(out.values())
+    return out
+
+
+def routed_ids(ws: Workspace, layer: LayerWeights, t: int) -> torch.Tensor | None:
+    """The top-k expert ids the router picks for the layer's current MoE input (``ws.h``)."""
+    if not isinstance(layer.ffn, MoeWeights):
+        return None
+    from backend.k3_decode.ops.router import route
+
+    _, ids, _ = route(ws.h[:t], layer.ffn.gate_w, layer.ffn.bias, 16)
+    return ids
+
+
+def copy_ceiling_tbs(gib: float = 1.0, reps: int = 10) -> float:
+    """TB/s of a 1 GiB device-to-device copy (bytes read + written), median of ``reps``."""
+    n = int(gib * (1 << 30))
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    ts = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        b.copy_(a)
+        e1.record()
+        torch.cuda.synchronize()
+        ts.append(e0.elapsed_time(e1) / 1000.0)
+    return 2 * n / statistics.median(ts) / 1e12
+
+
+@dataclass
+class Agreement:
+    """Per-step comparison of one executor against the float64 reference."""
+
+    kl: list[float]
+    top1: list[bool]
+    layer_rel_err: dict[int, list[float]]
+
+    def summary(self) -> dict[str, Any]:
+        """Medians / maxima for the NOTES table."""
+        return {
+            "steps": len(self.kl),
+            "kl_median": statistics.median(self.kl),
+            "kl_max": max(self.kl),
+            "top1_agreement": sum(self.top1) / len(self.top1),
+            "layer_rel_err_median": {i: statistics.median(v) for i, v in self.layer_rel_err.items()},
+            "layer_rel_err_max": {i: max(v) for i, v in self.layer_rel_err.items()},
+        }
+
+
+def _kl(ref: torch.Tensor, x: torch.Tensor) -> float:
+    lp = torch.log_softmax(ref.double(), -1)
+    lq = torch.log_softmax(x.double(), -1)
+    return float((lp.exp() * (lp - lq)).sum(-1).max())
+
+
+def _keeper(store: dict[int, torch.Tensor], t: int) -> Any:
+    """A ``decode_step`` hook that keeps each layer's output (float64 copy) in ``store``."""
+
+    def hook(index: int, ws: Workspace) -> None:
+        store[index] = ws.ffn[:t].double().clone()
+
+    return hook
+
+
+def agreement(ref: Executor, others: dict[str, Executor], first: StepInputs,
+              steps: int) -> dict[str, Agreement]:
+    """Teacher-forced greedy decode: every executor is fed the reference's greedy tokens (each
+    keeps its own caches); per step, logit KL(ref || x) (max over requests), top-1 agreement
+    and each layer's output relative error against the reference."""
+    res = {n: Agreement([], [], {}) for n in others}
+    inp = first
+    for _ in range(steps):
+        seen: dict[str, dict[int, torch.Tensor]] = {name: {} for name in ("ref", *others)}
+        lr = decode_step(ref.ops, ref.weights, ref.caches, inp, ref.ws,
+                         _keeper(seen["ref"], inp.num_tokens)).clone()
+        for name, ex in others.items():
+            lx = decode_step(ex.ops, ex.weights, ex.caches, inp, ex.ws,
+                             _keeper(seen[name], inp.num_tokens))
+            a = res[name]
+            a.kl.append(_kl(lr, lx))
+            a.top1.append(bool((lr.argmax(-1) == lx.argmax(-1)).all()))
+            for i, v in seen["ref"].items():
+                err = float((seen[name][i] - v).norm() / v.norm().clamp_min(1e-30))
+                a.layer_rel_err.setdefault(i, []).append(err if math.isfinite(err) else float("inf"))
+        inp = next_step(inp, lr.argmax(-1))
+    return res
+
+
+def next_step(inp: StepInputs, tokens: torch.Tensor) -> StepInputs:
+    """The following decode step (q = 1): the new tokens one position further."""
+    return StepInputs(token_ids=tokens.to(inp.token_ids.dtype), q=1,
+                      state_indices=inp.state_indices, num_accepted=None,
+                      block_table=inp.block_table, seq_lens=inp.seq_lens + 1,
+                      positions=inp.positions + 1)

@@ -1,0 +1,128 @@
+"""Per-layer kernel time, kernel count and fraction of the per-layer roofline, derived from the
+profiler traces a k3-hopper(-perf) bundle holds (one CUDA-graph replay of the whole step per point
+and side, recorded by backend.harness). Runs on a CPU: it only reads the bundle.
+
+    python3 benchmarks/profile_layers.py bundles/h200-executor-perf-2026-11-29/bundle.tar.gz
+
+The candidate's kernels are cut into layers by the executor's fixed launch order (embedding, dense
+layer 0, KDA + MoE layers, the MLA + MoE layer, final AttnRes + LM head); a layer's time is the sum
+of its kernels' durations in the trace (gaps between kernels not counted). Bytes that must move per
+layer come from the TP8 shard shapes: weights once, the KDA state read + written per token slot,
+the MLA cache rows, and the experts touched (exactly 16 at one token; for T tokens the expected
+number of distinct experts under independent uniform routing, 896 * (1 - (1 - 16/896)^T)).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tarfile
+from pathlib import Path
+
+from backend.k3_decode.config import k3_config
+
+CEILING_TBS = 4.18  # 1 GiB device-to-device copy on the H200 (../shared/device/README.md)
+SEGMENTS = [("embed", 1), ("layer0 KDA + dense", 8), ("layer1 KDA + MoE", 11),
+            ("layer2 KDA + MoE", 11), ("layer3 MLA + MoE", 18), ("layer4 KDA + MoE", 11),
+            ("final AttnRes + LM head", 2)]
+POINT = re.compile(r"perf/evidence/(?P<pt>[^/]+)/profile-(?P<side>\w+)\.json$")
+
+
+def _bf16(*dims: int) -> int:
+    n = 2
+    for d in dims:
+        n *= d
+    return n
+
+
+def layer_bytes(kind: str, tokens: int, reqs: int, q: int, context: int, experts: int = 896
+                ) -> float:
+    """Bytes a layer must move at least (see the module docstring)."""
+    c = k3_config(8)
+    h, k, m, mo = c.hidden, c.kda, c.mla, c.moe
+    hd = k.num_heads * k.head_dim
+    attn_res = 6 * _bf16(h)
+    kda = (_bf16(c.kda_in_proj_rows, h) + _bf16(hd, k.f_rank) + 3 * k.conv_width * hd * 4
+           + _bf16(h, hd) + reqs * (1 + q) * (k.num_heads * k.head_dim**2 * 4
+                                              + 3 * 3 * hd * 2))
+    mla = (_bf16(c.mla_qkv_a_g_rows, h) + _bf16(m.num_heads * 192, m.q_lora_rank)
+           + 2 * _bf16(m.num_heads, 128, m.kv_lora_rank) + _bf16(h, m.num_heads * 128)
+           + reqs * context * m.latent_dim)
+    inter, lat, shared = c.expert_intermediate_per_gpu, mo.latent_dim, c.shared_intermediate_per_gpu
+    per_expert = 2 * inter * lat // 2 + 2 * inter * lat // 32 + lat * inter // 2 + lat * inter // 32
+    touched = experts * (1 - (1 - mo.top_k / experts) ** tokens)
+    moe = (_bf16(experts, h) + _bf16(lat + 2 * shared, h) + _bf16(h, lat + shared)
+           + touched * per_expert)
+    dense = _bf16(2 * c.dense_intermediate // 8, h) + _bf16(h, c.dense_intermediate // 8)
+    return {"kda_dense": attn_res + kda + dense, "kda_moe": attn_res + kda + moe,
+            "mla_moe": attn_res + mla + moe,
+            "final": _bf16(h) * 3 + _bf16(c.vocab // 8, h)}[kind]
+
+
+def _kernels(trace: dict) -> list[tuple[str, float]]:
+    ev = [e for e in trace["traceEvents"] if str(e.get("cat", "")).lower() == "kernel"]
+    ev.sort(key=lambda e: e["ts"])
+    return [(e["name"], float(e.get("dur", 0.0))) for e in ev]
+
+
+def _params(pt: str) -> tuple[int, int, int]:
+    m = re.search(r"-d(\d+)-.*-b(\d+)-in(\d+)-", pt)
+    if m is None:
+        raise SystemExit(f"cannot read the point id {pt!r}")
+    draft, batch, ctx = (int(x) for x in m.groups())
+    return batch, 1 + draft, ctx
+
+
+def rows(bundle: Path) -> list[dict]:
+    out = []
+    with tarfile.open(bundle) as tar:
+        for member in tar.getmembers():
+            hit = POINT.search(member.name)
+            if not hit:
+                continue
+            reqs, q, ctx = _params(hit["pt"])
+            ks = _kernels(json.load(tar.extractfile(member)))
+            row = {"point": hit["pt"], "side": hit["side"], "kernels": len(ks),
+                   "step_us": sum(d for _, d in ks)}
+            if hit["side"] == "candidate" and len(ks) == sum(n for _, n in SEGMENTS):
+                at = 0
+                for name, n in SEGMENTS:
+                    seg = ks[at : at + n]
+                    at += n
+                    kind = ("kda_dense" if "dense" in name else "kda_moe" if "KDA + MoE" in name
+                            else "mla_moe" if "MLA" in name else "final" if "final" in name
+                            else None)
+                    us = sum(d for _, d in seg)
+                    b = layer_bytes(kind, reqs * q, reqs, q, ctx) if kind else 0.0
+                    row[name] = {"us": us, "kernels": n, "MB": b / 1e6,
+                                 "roofline_us": b / (CEILING_TBS * 1e6),
+                                 "of_roofline": b / (CEILING_TBS * 1e6) / us if us else 0.0}
+            out.append(row)
+    return sorted(out, key=lambda r: (r["point"], r["side"]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bundle", type=Path)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    table = rows(args.bundle)
+    if args.json:
+        args.json.write_text(json.dumps(table, indent=1))
+    print("| point | side | kernels / step | kernel us / step | KDA+MoE us (of roofline) "
+          "| MLA+MoE us (of roofline) | dense0 us (of roofline) | final us (of roofline) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in table:
+        def cell(name: str) -> str:
+            s = r.get(name)
+            return f"{s['us']:.1f} ({s['of_roofline']:.0%})" if s else "-"
+        print(f"| {r['point']} | {r['side']} | {r['kernels']} | {r['step_us']:.0f} | "
+              f"{cell('layer1 KDA + MoE')} | {cell('layer3 MLA + MoE')} | "
+              f"{cell('layer0 KDA + dense')} | {cell('final AttnRes + LM head')} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

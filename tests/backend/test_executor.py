@@ -1,0 +1,200 @@
+"""The executor's step loop and its library-op implementation (``TorchOps``), on the CPU.
+
+``TorchOps`` in float64 is checked op by op against the float64 reference modules (which
+tests/backend/test_reference.py checks against transcriptions of vLLM's stock math); the step
+loop is checked for AttnRes block bookkeeping, in-place cache updates, null slots, and agreement
+of a float32 run with the float64 run. The CuTe DSL ``KernelOps`` need a GPU:
+tests/backend/test_executor_gpu.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from backend.k3_decode.config import tiny_config
+from backend.k3_decode.executor import measure as M
+from backend.k3_decode.executor.model import Workspace, decode_step
+from backend.k3_decode.executor.runner import SWITCH_OFF, Executor
+from backend.k3_decode.executor.state import (
+    KdaCache,
+    MlaCache,
+    blocks_needed,
+    make_caches,
+    synthetic_step,
+)
+from backend.k3_decode.executor.torch_ops import TorchOps
+from backend.k3_decode.executor.weights import layer_plan, random_model
+from backend.k3_decode.reference import attn_res as ref_ar
+from backend.k3_decode.reference import kda as ref_kda
+from backend.k3_decode.reference import mla as ref_mla
+from backend.k3_decode.reference import moe as ref_moe
+from backend.k3_decode.reference.mxfp4 import dequantize
+from backend.k3_decode.trace import TraceWriter
+
+CFG = tiny_config()
+F64 = torch.float64
+
+
+def _model(depth: int = 8, seed: int = 1):
+    return random_model(CFG, depth, seed=seed)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def test_layer_plan_places_mla_dense_and_moe_like_k3() -> None:
+    plan = layer_plan(CFG, 8)
+    assert [k for _, k, _ in plan] == ["kda", "kda", "kda", "mla", "kda", "kda", "kda", "mla"]
+    assert [f for _, _, f in plan] == ["dense"] + ["moe"] * 7
+    with pytest.raises(ValueError, match="depth 0"):
+        layer_plan(CFG, 0)
+
+
+@pytest.mark.parametrize("q", [1, 3])
+def test_kda_op_matches_reference(q: int) -> None:
+    w = _model(1).layers[0].attn
+    k = CFG.kda
+    reqs = 3
+    inp = synthetic_step(reqs, q, 16, vocab=CFG.vocab, seed=q, accepted=2 if q > 1 else None)
+    inp.state_indices[1, :] = 0  # request 1 is a null request: no output, no write
+    caches = make_caches(CFG, [(0, "kda")], slots=1 + reqs * q, num_blocks=1, seed=3)
+    before = caches.kda[0]
+    cache = KdaCache(before.conv_state.clone(), before.state.clone())
+    h = torch.randn(reqs * q, CFG.hidden, generator=torch.Generator().manual_seed(5), dtype=F64)
+    out = torch.empty(reqs * q, CFG.hidden, dtype=F64)
+    TorchOps(CFG, F64).kda(w, h, cache, inp, out)
+    hd = k.num_heads * k.head_dim
+    proj = h @ w.in_proj.double().T
+    params = ref_kda.KdaParams(w.conv_w, w.f_b, w.dt_bias, w.a_log, w.norm_w)
+    o, conv_new, state_new = ref_kda.kda_decode(
+        proj[:, : 3 * hd], proj[:, 4 * hd : 4 * hd + k.f_rank],
+        proj[:, 4 * hd + k.f_rank : 4 * hd + k.f_rank + k.num_heads], proj[:, 3 * hd : 4 * hd],
+        before.conv_state, before.state, inp.state_indices, params, inp.num_accepted)
+    assert _rel(out, o @ w.o_proj.double().T) < 1e-12
+    assert torch.allclose(cache.state.double(), state_new, atol=1e-6)
+    assert torch.equal(cache.conv_state, conv_new.to(cache.conv_state.dtype))
+    assert float(out[q : 2 * q].abs().max()) == 0.0
+
+
+def test_mla_op_matches_reference_layer_decode() -> None:
+    w = _model(4).layers[3].attn
+    m = CFG.mla
+    reqs, ctx, bs = 2, 24, 32
+    inp = synthetic_step(reqs, 2, ctx, vocab=CFG.vocab, seed=2, accepted=1, block_size=bs)
+    caches = make_caches(CFG, [(3, "mla")], slots=1, num_blocks=blocks_needed(reqs, ctx, bs),
+                         block_size=bs, cache_dtype=torch.bfloat16, seed=4)
+    cache = caches.mla[3]
+    dense = cache.kv_cache.view(reqs, bs, m.latent_dim).clone()  # one block per request
+    h = torch.randn(reqs * 2, CFG.hidden, generator=torch.Generator().manual_seed(6), dtype=F64)
+    out = torch.empty(reqs * 2, CFG.hidden, dtype=F64)
+    TorchOps(CFG, F64).mla(w, h, MlaCache(cache.kv_cache, cache.kv_scale), inp, out)
+    wd = {"fused_qkv_a_g": w.qkv_a_g, "q_a_norm": w.q_a_norm, "kv_a_norm": w.kv_a_norm,
+          "q_b": w.q_b, "w_uk_t": w.w_uk_t, "w_uv": w.w_uv, "o_proj": w.o_proj}
+    dims = (m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim)
+    want = ref_mla.mla_layer_decode(h, wd, dense, inp.positions, inp.seq_lens, 2, m.num_heads,
+                                    dims, m.norm_eps)
+    assert _rel(out, want) < 1e-12  # both round the new cache rows to bf16 the same way
+    assert torch.equal(cache.kv_cache.view(reqs, bs, -1)[:, ctx - 2 : ctx], dense[:, ctx - 2 : ctx])
+
+
+def test_moe_op_matches_reference_latent_moe() -> None:
+    w = _model(2).layers[1].ffn
+    h = torch.randn(5, CFG.hidden, generator=torch.Generator().manual_seed(7), dtype=F64)
+    out = torch.empty(5, CFG.hidden, dtype=F64)
+    TorchOps(CFG, F64).moe(w, h, out)
+    lw = ref_moe.LatentMoeWeights(w.gate_w, w.bias, w.down, dequantize(w.w13, w.w13_scale),
+                                  dequantize(w.w2, w.w2_scale), w.latent_norm, w.up,
+                                  w.shared_gate_up, w.shared_down)
+    want = ref_moe.latent_moe(h, lw, CFG.moe.top_k, CFG.rms_eps)
+    assert _rel(out, want) < 1e-12
+
+
+def test_packed_front_and_tail_compute_the_same_moe() -> None:
+    """The specialized path's packed weights: front = [down; shared gate_up], tail = [up * norm |
+    shared down] applied to [rms-scaled routed | SiTU(shared)] equals the unpacked math."""
+    w = _model(2).layers[1].ffn
+    front, tail = w.packed()
+    ops = TorchOps(CFG, F64)
+    h = torch.randn(3, CFG.hidden, generator=torch.Generator().manual_seed(8), dtype=F64)
+    lat = CFG.moe.latent_dim
+    fr = h @ front.double().T
+    routed = torch.randn(3, lat, generator=torch.Generator().manual_seed(9), dtype=F64)
+    x = torch.cat([ops._rms(routed, None, CFG.rms_eps), ops._situ(fr[:, lat:])], dim=-1)
+    got = x @ tail.double().T
+    want = (ops._rms(routed, w.latent_norm, CFG.rms_eps) @ w.up.double().T
+            + ops._situ(h @ w.shared_gate_up.double().T) @ w.shared_down.double().T)
+    assert torch.allclose(fr[:, :lat], h @ w.down.double().T)
+    assert _rel(got, want) < 1e-2  # the folded up * norm weight is rounded to bf16 once
+
+
+def test_attn_res_op_matches_reference() -> None:
+    g = torch.Generator().manual_seed(10)
+    t, nb, hdim = 3, 3, CFG.hidden
+    prefix, delta = torch.randn(t, hdim, generator=g, dtype=F64), torch.randn(t, hdim, generator=g, dtype=F64)
+    blocks = torch.randn(t, nb, hdim, generator=g, dtype=F64)
+    ws = [torch.randn(hdim, generator=g, dtype=F64) for _ in range(3)]
+    p2, b2 = prefix.clone(), blocks.clone()
+    out = torch.empty(t, hdim, dtype=F64)
+    TorchOps(CFG, F64).attn_res(prefix, delta, blocks, ws[0], ws[1], ws[2], 1, 2, out)
+    want = ref_ar.attn_res(p2, delta, b2, ws[0], ws[1], ws[2], 1, 2)
+    assert _rel(out, want) < 1e-12 and torch.equal(blocks, b2) and torch.equal(prefix, p2)
+
+
+def test_step_writes_attn_res_blocks_at_block_write_layers() -> None:
+    """tiny block = 3: layers 0, 3, 6 write slots 0, 1, 2; slot 0 holds the embedding."""
+    w = _model(8)
+    inp = synthetic_step(2, 1, 16, vocab=CFG.vocab, seed=1)
+    caches = make_caches(CFG, [(x.index, x.kind) for x in w.layers], slots=3,
+                         num_blocks=blocks_needed(2, 16), seed=1)
+    ws = Workspace.make(w, 2, F64, "cpu")
+    decode_step(TorchOps(CFG, F64), w, caches, inp, ws)
+    assert w.num_blocks == 3
+    assert torch.equal(ws.blocks[:2, 0], w.embed[inp.token_ids].double())
+    assert all(float((ws.blocks[:2, b] - ws.blocks[:2, b - 1]).abs().max()) > 0 for b in (1, 2))
+
+
+def test_caches_update_in_place_and_float32_agrees_with_float64() -> None:
+    w = _model(8)
+    reqs, ctx = 2, 30
+    inp = synthetic_step(reqs, 1, ctx, vocab=CFG.vocab, seed=2)
+    caches = make_caches(CFG, [(x.index, x.kind) for x in w.layers], slots=1 + reqs,
+                         num_blocks=blocks_needed(reqs, ctx + 12), seed=2)
+    start = caches.clone()
+    ref = Executor(TorchOps(CFG, F64), w, caches, max_tokens=reqs, dtype=F64, device="cpu")
+    f32 = Executor(TorchOps(CFG, torch.float32), w, start.clone(), max_tokens=reqs,
+                   dtype=torch.float32, device="cpu")
+    res = M.agreement(ref, {"fp32": f32}, inp, 12)["fp32"].summary()
+    assert res["top1_agreement"] == 1.0 and res["kl_max"] < 1e-5
+    assert max(res["layer_rel_err_max"].values()) < 1e-2
+    assert not torch.equal(caches.kda[0].state[1], start.kda[0].state[1])
+    assert torch.equal(caches.kda[0].state[0], start.kda[0].state[0])  # null slot untouched
+    assert torch.equal(caches.kda[0].state[reqs + 1 :], start.kda[0].state[reqs + 1 :])
+
+
+def test_executor_records_stock_steps_with_the_reason(tmp_path) -> None:
+    w = _model(2)
+    inp = synthetic_step(2, 1, 8, vocab=CFG.vocab)
+    caches = make_caches(CFG, [(x.index, x.kind) for x in w.layers], slots=3, num_blocks=2)
+    writer = TraceWriter(tmp_path / "t.jsonl", flush_every=1 << 20)
+    ex = Executor(TorchOps(CFG), w, caches, max_tokens=2, device="cpu", trace=writer)
+    ex.step(inp)
+    writer.close()
+    recs = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    steps = [r for r in recs if r["kind"] == "step"]
+    assert len(steps) == 1 and steps[0]["path"] == "stock" and steps[0]["reasons"][0] == SWITCH_OFF
+    assert recs[-1] == {"kind": "counters", "specialized_steps": 0, "stock_steps": 1,
+                        "by_capture_size": {}}
+
+
+def test_synthetic_step_refuses_impossible_steps() -> None:
+    with pytest.raises(ValueError, match="q=9"):
+        synthetic_step(1, 9, 64, vocab=10)
+    with pytest.raises(ValueError, match="shorter"):
+        synthetic_step(1, 4, 2, vocab=10)
+    s = synthetic_step(3, 4, 100, vocab=10, accepted=3)
+    assert s.num_tokens == 12 and s.positions.tolist()[:4] == [96, 97, 98, 99]
+    assert s.num_accepted.tolist() == [3, 3, 3] and s.state_indices[2].tolist() == [9, 10, 11, 12]
