@@ -102,3 +102,13 @@ def test_a_trace_option_adds_the_agentic_workload_to_a_grid_without_one() -> Non
     assert not [c for c in SPEC.plan_cells(prof, 1, {}) if "agentic" in c.id]
     cells = SPEC.plan_cells(prof, 1, {"perf_agentic_trace": "trace.jsonl"})
     assert [c.id for c in cells if "agentic" in c.id] == ["perf-agentic-c1", "perf-agentic-c2"]
+
+
+def test_points_with_an_impossible_acceptance_length_are_dropped(tmp_path: Path) -> None:
+    """Acceptance length counts the bonus token: at most 1 + draft_len per step."""
+    f = tmp_path / "g.yaml"
+    f.write_text("name: g\nbatch: [1]\ninput_len: [8]\noutput_len: [4]\ndraft_len: [0, 3]\n"
+                 "acceptance_len: [1.0, 2.5]\n")
+    grid, _ = load_grid(str(f))
+    got = sorted((p.draft_len, p.acceptance_len) for _, p in grid.points())
+    assert got == [(0, 1.0), (3, 1.0), (3, 2.5)]

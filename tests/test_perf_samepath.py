@@ -159,3 +159,51 @@ def test_harness_must_interleave_and_be_importable(tmp_path: Path) -> None:
         load_harness("no_colon")
     with pytest.raises(UsageError, match="cannot load harness"):
         load_harness("k3fasttrack.perf:nothing_here")
+
+
+def evidence_harness(point: HarnessPoint) -> Iterator[HarnessRepeat]:
+    """Stand-in for the H200 backend harness: writes a selection-trace file as its evidence."""
+    from pathlib import Path as _P
+
+    assert point.evidence_dir and point.evidence_rel
+    d = _P(point.evidence_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "selection.jsonl").write_text("{}\n")
+    for rep in fake_backend_harness(point):
+        ev = {"tier": "perf", "side": rep.side, "signal": "selection_trace", "cell": point.point,
+              "deltas": {rep.side: {"specialized_steps": float(rep.side == "candidate")}},
+              "source": f"{point.evidence_rel}/selection.jsonl"}
+        yield rep.model_copy(update={"evidence": (ev,)})
+
+
+def outside_evidence_harness(point: HarnessPoint) -> Iterator[HarnessRepeat]:
+    """Points its evidence at a file outside the point's evidence directory: refused."""
+    for rep in fake_backend_harness(point):
+        yield rep.model_copy(update={"evidence": ({"tier": "perf", "source": "manifest.json"},)})
+
+
+def test_harness_evidence_reaches_the_cell_and_must_stay_in_its_folder(tmp_path: Path) -> None:
+    point = HarnessPoint(
+        point="x", params=PARAMS, repeats=5, warmup_requests=0, seed=0, ignore_eos=True
+    )
+    cell = measure_with_harness(load_harness(f"{__name__}:evidence_harness"), point, tmp_path)
+    assert len(cell["evidence"]) == 10
+    assert {e["source"] for e in cell["evidence"]} == {"perf/evidence/x/selection.jsonl"}
+    assert (tmp_path / "perf/evidence/x/selection.jsonl").is_file()
+    (tmp_path / "manifest.json").write_text("{}")
+    with pytest.raises(UsageError, match="evidence file 'manifest.json'"):
+        measure_with_harness(load_harness(f"{__name__}:outside_evidence_harness"), point, tmp_path)
+
+
+def test_backend_harness_refuses_steps_it_cannot_run(tmp_path: Path) -> None:
+    """backend.harness checks the point before touching a GPU (so these run on the CPU)."""
+    from backend.harness import run_points
+
+    big = PARAMS.model_copy(update={"batch": 32, "draft_len": 3})
+    point = HarnessPoint(point="big", params=big, repeats=5, warmup_requests=0, seed=0,
+                         ignore_eos=True, evidence_dir=str(tmp_path), evidence_rel="perf/e")
+    with pytest.raises(UsageError, match="32 requests x 4 tokens exceeds 64"):
+        next(iter(run_points(point)))
+    over = PARAMS.model_copy(update={"acceptance_len": 4.5})
+    with pytest.raises(UsageError, match="acceptance length 4.5 > q = 4"):
+        next(iter(run_points(point.model_copy(update={"params": over}))))

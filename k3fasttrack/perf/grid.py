@@ -96,6 +96,8 @@ class SweepGrid(_Closed):
             self.input_len,
             self.output_len,
         ):
+            if acc is not None and acc > 1 + draft:
+                continue  # impossible: at most 1 + draft tokens are accepted per step
             params = PointParams(
                 traffic=traffic,
                 prompt_source=src,

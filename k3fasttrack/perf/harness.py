@@ -35,6 +35,10 @@ class HarnessPoint(Record):
     warmup_requests: int
     seed: int
     ignore_eos: bool
+    evidence_dir: str | None = None
+    """Absolute directory (inside the bundle) where the harness may write proof evidence files."""
+    evidence_rel: str | None = None
+    """The same directory, bundle-relative (for ``PathEvidence.source``)."""
 
 
 class HarnessRepeat(Record):
@@ -54,6 +58,9 @@ class HarnessRepeat(Record):
     server_config_sha256: str | None = None
     counters: dict[str, float] | None = None
     """Deltas of ``vllm:spec_decode_num_drafts_total`` / ``..._accepted_tokens_total`` or equivalents."""
+    evidence: tuple[dict[str, Any], ...] = ()
+    """``PathEvidence`` dicts (selection-trace windows, profiler traces) for the proof tier; a
+    ``source`` must lie under ``HarnessPoint.evidence_rel``."""
 
 
 HarnessFn = Callable[[HarnessPoint], Iterable[HarnessRepeat]]
@@ -87,10 +94,26 @@ def _check(point: HarnessPoint, reps: list[HarnessRepeat]) -> None:
             raise UsageError(f"harness for {point.point}: unknown metric(s) {sorted(unknown)}")
 
 
+def _check_evidence(point: HarnessPoint, reps: list[HarnessRepeat], bundle_dir: Any) -> list[dict]:
+    out = []
+    for r in reps:
+        for ev in r.evidence:
+            src = ev.get("source")
+            if src is not None and not (point.evidence_rel and str(src).startswith(
+                    point.evidence_rel + "/") and (bundle_dir / src).is_file()):
+                raise UsageError(f"harness for {point.point}: evidence file {src!r} is not a file "
+                                 f"under {point.evidence_rel!r}")
+            out.append(dict(ev))
+    return out
+
+
 def measure_with_harness(fn: HarnessFn, point: HarnessPoint, bundle_dir: Any) -> dict[str, Any]:
     """Run the harness for one point; returns the same cell result as the vllm-bench runner."""
+    rel = f"perf/evidence/{point.point}"
+    point = point.model_copy(update={"evidence_dir": str(bundle_dir / rel), "evidence_rel": rel})
     reps = list(fn(point))
     _check(point, reps)
+    evidence = _check_evidence(point, reps, bundle_dir)
     sides: dict[str, dict[str, Any]] = {"baseline": {"repeats": []}, "candidate": {"repeats": []}}
     for r in reps:
         rel = f"perf/raw/{point.point}/{r.side}-r{r.repeat}.json"
@@ -131,4 +154,5 @@ def measure_with_harness(fn: HarnessFn, point: HarnessPoint, bundle_dir: Any) ->
             "failed": sum(d["requests"]["failed"] for d in data["repeats"]),
             "mean_input_tokens": sum(r.mean_input_tokens for r in own) / len(own),
         }
-    return {"point": point.point, "params": point.params.model_dump(mode="json"), "sides": sides}
+    return {"point": point.point, "params": point.params.model_dump(mode="json"), "sides": sides,
+            "evidence": evidence}

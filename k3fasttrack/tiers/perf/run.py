@@ -51,7 +51,9 @@ def run(ctx: TierContext) -> PerfReport:
     try:
         if cfg.runner == "harness":
             results = _harness_cells(ctx, grid, point_cells)
-            extra: dict[str, Any] = {"agentic": [], "eval_items": [], "checks": [], "evidence": []}
+            evidence = [e for c in results for e in c.get("evidence") or ()]
+            extra: dict[str, Any] = {"agentic": [], "eval_items": [], "checks": [],
+                                     "evidence": evidence}
         else:
             results, extra = _bench_cells(ctx, grid, cells)
     except InfrastructureError as exc:
@@ -59,6 +61,12 @@ def run(ctx: TierContext) -> PerfReport:
         tail = (" | last log lines: " + " / ".join(lines[-5:])) if lines else ""
         return PerfReport(status="INCOMPLETE", reason=f"stopped: {exc.one_line()}{tail}", **base)
     return _report(ctx, grid, results, extra, base)
+
+
+def _evidence_files(extra: dict[str, Any]) -> tuple[str, ...]:
+    """Bundle-relative files the proof evidence points at (profiler and selection traces)."""
+    srcs = {e.get("source") for e in extra["evidence"] if isinstance(e, dict)}
+    return tuple(sorted(s for s in srcs if s))
 
 
 def _is_point(cell: Cell) -> bool:
@@ -286,7 +294,7 @@ def _report(
         status="FAIL" if failed else "PASS",
         reason=reason,
         checks=tuple(checks),
-        raw_files=_raw_files(results, extra["agentic"]) + plots,
+        raw_files=_raw_files(results, extra["agentic"]) + plots + _evidence_files(extra),
         points=points,
         agentic=agentic,
         geomean_speedup=analysis.geomean_speedups(points),
