@@ -1,0 +1,46 @@
+"""benchmarks/profile_layers.py on the committed H200 executor bundle: the candidate's profiler
+trace of one replayed step cuts into the executor's layers, with the kernels the design names."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUNDLE = ROOT / "bundles/h200-executor-perf-2026-11-29/bundle.tar.gz"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("profile_layers",
+                                                  ROOT / "benchmarks/profile_layers.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_candidate_steps_cut_into_the_designed_layers() -> None:
+    mod = _module()
+    rows = mod.rows(BUNDLE)
+    cand = [r for r in rows if r["side"] == "candidate"]
+    assert len(cand) == 12 and all(r["kernels"] == 62 for r in cand)
+    assert all(r["layer1 KDA + MoE"]["kernels"] == 11 for r in cand)
+    assert all(r["kernels"] > 500 for r in rows if r["side"] == "baseline")
+    b1 = next(r for r in cand if r["point"] == "decode-rand-tp1-d0-acc1-b1-in1024-out16")
+    layer = b1["layer1 KDA + MoE"]
+    assert 290 < layer["MB"] < 305  # 90 MB in_proj + 22 o_proj + 12.8 router + 73 front + 62 tail + 35 experts
+    assert 0 < layer["of_roofline"] < 1
+
+
+def test_the_kda_moe_layer_runs_our_kernels_in_order() -> None:
+    import json
+    import tarfile
+
+    mod = _module()
+    name = "decode-rand-tp1-d0-acc1-b1-in1024-out16/profile-candidate.json"
+    with tarfile.open(BUNDLE) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(name))
+        ks = mod._kernels(json.load(tar.extractfile(member)))
+    short = [re.sub(r"^kernel_cutlass_|_kernel_ptr.*$", "", n) for n, _ in ks[9:20]]
+    assert short == ["attn_res", "gemv", "kda_decode_cluster", "gemv", "attn_res", "router", "gemv",
+                     "moe_w13", "moe_w2", "rms_glu_prep", "gemv"]
