@@ -86,9 +86,13 @@ def test_summary_cap_cuts_details_never_verdict(tmp_path, env, profile) -> None:
 def test_ctrl_c_leaves_resumable_folder(tmp_path, env, profile) -> None:
     out = tmp_path / "run"
     slow_env = {**env, "K3FT_TEST_SLOW_KERNELS": "3"}
+    # The child starts with SIGINT at its default, as from a terminal: a child inherits an ignored
+    # SIGINT, and Python then installs no KeyboardInterrupt handler (an earlier test in the same
+    # pytest process left SIGINT ignored in one CI run, and the interrupt was lost).
     proc = subprocess.Popen([sys.executable, "-m", "k3fasttrack", "validate", "--profile",
                              str(profile), "--out", str(out)], env=slow_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     running = out / "bundle/cells/kernels-tests.running"
     deadline = time.monotonic() + 60
     while not running.exists() and time.monotonic() < deadline:
