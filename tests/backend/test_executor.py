@@ -198,3 +198,53 @@ def test_synthetic_step_refuses_impossible_steps() -> None:
     s = synthetic_step(3, 4, 100, vocab=10, accepted=3)
     assert s.num_tokens == 12 and s.positions.tolist()[:4] == [96, 97, 98, 99]
     assert s.num_accepted.tolist() == [3, 3, 3] and s.state_indices[2].tolist() == [9, 10, 11, 12]
+
+
+def test_mla_split_and_dense_padding_keep_the_math() -> None:
+    """The contiguous pieces the specialized MLA op reads recompose the fused weights, and the
+    dense layer's padding to a multiple of 128 (TP16: 2112 -> 2176) leaves the MLP unchanged."""
+    w = _model(4)
+    mla = w.layers[3].attn
+    qkv_a, gate, q_nope, q_pe = mla.split()
+    assert mla.split()[0] is qkv_a  # made once
+    assert torch.equal(torch.cat([qkv_a, gate]), mla.qkv_a_g)
+    m = CFG.mla
+    qb = torch.cat([q_nope.view(m.num_heads, m.qk_nope_head_dim, -1),
+                    q_pe.view(m.num_heads, m.qk_rope_head_dim, -1)], dim=1)
+    assert torch.equal(qb.reshape(mla.q_b.shape), mla.q_b)
+    dense = w.layers[0].ffn
+    gate_up, down = dense.padded(128)
+    assert down.shape[1] % 128 == 0 and down.shape[1] > dense.down.shape[1]
+    ops = TorchOps(CFG, F64)
+    h = torch.randn(3, CFG.hidden, generator=torch.Generator().manual_seed(12), dtype=F64)
+    want = ops._situ(h @ dense.gate_up.double().T) @ dense.down.double().T
+    got = ops._situ(h @ gate_up.double().T) @ down.double().T
+    assert _rel(got, want) < 1e-12
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.bfloat16])
+def test_torch_prep_fallback_matches_the_torch_ops(cache_dtype: torch.dtype) -> None:
+    """K3_DECODE_PREP=torch's stand-ins compute what TorchOps computes (float32)."""
+    from backend.k3_decode.executor.kernel_ops import torch_mla_kv_insert, torch_rms_glu_prep
+    from backend.k3_decode.executor.torch_ops import rms, situ_glu, write_latent_rows
+
+    g = torch.Generator().manual_seed(13)
+    a, gu = torch.randn(4, 256, generator=g), torch.randn(4, 2 * 128, generator=g)
+    wt = torch.randn(256, generator=g)
+    out = torch.empty(4, 256 + 128)
+    torch_rms_glu_prep(a, wt, gu, out, eps=1e-6, beta=4.0, linear_beta=25.0)
+    assert torch.equal(out, torch.cat([rms(a, wt, 1e-6, torch.float32),
+                                       situ_glu(gu, 4.0, 25.0, torch.float32)], dim=-1))
+    kv_c, k_pe, nw = (torch.randn(4, 32, generator=g), torch.randn(4, 8, generator=g),
+                      torch.randn(32, generator=g))
+    cache = torch.zeros(4, 16, 40, dtype=cache_dtype)
+    table = torch.arange(4, dtype=torch.int32).view(2, 2)
+    pos = torch.tensor([3, -1, 17, 20], dtype=torch.int32)
+    scale = torch.tensor([0.5])
+    want = cache.clone()
+    write_latent_rows(torch.cat([rms(kv_c, nw, 1e-6, torch.float32), k_pe], dim=-1), want,
+                      table, pos, scale, 2)
+    torch_mla_kv_insert(kv_c, k_pe, nw, cache, table, pos, scale, q_per_request=2)
+    assert torch.equal(cache.view(torch.uint8), want.view(torch.uint8))
+    assert float(cache[0].float().abs().sum()) > 0 and float(cache[2:].float().abs().sum()) > 0
+    assert float(cache[0, 4:].float().abs().sum()) == 0  # only position 3 of block 0 written

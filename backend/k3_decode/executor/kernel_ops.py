@@ -14,12 +14,12 @@ output is contiguous), q_a RMSNorm, fused kv RMSNorm + cache insert, two q_b pro
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 
 from backend.k3_decode.config import K3Config
 from backend.k3_decode.executor.state import KdaCache, MlaCache, StepInputs
+from backend.k3_decode.executor.torch_ops import rms, situ_glu, write_latent_rows
 from backend.k3_decode.executor.weights import DenseWeights, KdaWeights, MlaWeights, MoeWeights
 
 
@@ -30,13 +30,9 @@ def torch_rms_glu_prep(a: torch.Tensor | None, a_weight: torch.Tensor | None,
     ``K3_DECODE_PREP=torch``."""
     parts = []
     if a is not None:
-        x = a.float()
-        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-        parts.append(y if a_weight is None else y * a_weight.float())
+        parts.append(rms(a, a_weight, eps, torch.float32))
     if gu is not None:
-        g, u = gu.float().chunk(2, dim=-1)
-        parts.append(beta * torch.tanh(g / beta) * torch.sigmoid(g)
-                     * linear_beta * torch.tanh(u / linear_beta))
+        parts.append(situ_glu(gu, beta, linear_beta, torch.float32))
     return out.copy_(torch.cat(parts, dim=-1))
 
 
@@ -45,27 +41,8 @@ def torch_mla_kv_insert(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_norm_w: torch
                         positions: torch.Tensor, kv_scale: torch.Tensor, *,
                         q_per_request: int = 1, eps: float = 1e-6) -> None:
     """Torch stand-in of ``ops.prep.mla_kv_insert`` (``K3_DECODE_PREP=torch``)."""
-    x = kv_c.float()
-    row = torch.cat([x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-                     * kv_norm_w.float(), k_pe.float()], dim=-1)
-    bs = kv_cache.shape[1]
-    req = torch.arange(row.shape[0], device=row.device) // q_per_request
-    pos = positions.long()
-    p0 = pos.clamp_min(0)
-    blk = block_table.long()[req, p0 // bs]
-    fp8 = kv_cache.dtype == torch.float8_e4m3fn
-    val = ((row / kv_scale).clamp(-448.0, 448.0) if fp8 else row).to(kv_cache.dtype)
-    raw = kv_cache.view(torch.uint8) if fp8 else kv_cache
-    new = val.view(torch.uint8) if fp8 else val
-    raw[blk, p0 % bs] = torch.where((pos >= 0)[:, None], new, raw[blk, p0 % bs])
-
-
-@dataclass
-class _MlaPacked:
-    qkv_a: torch.Tensor  # [q_lora + kv_lora + rope, H]
-    gate: torch.Tensor  # [heads*v, H]
-    q_b_nope: torch.Tensor  # [heads*nope, q_lora]
-    q_b_pe: torch.Tensor  # [heads*rope, q_lora]
+    row = torch.cat([rms(kv_c, kv_norm_w, eps, torch.float32), k_pe.float()], dim=-1)
+    write_latent_rows(row, kv_cache, block_table, positions, kv_scale, q_per_request)
 
 
 class KernelOps:
@@ -91,8 +68,6 @@ class KernelOps:
                                                                  rms_glu_prep, mla_kv_insert)
         self.max_context = max_context
         self._side = torch.cuda.Stream() if side_stream else None
-        self._mla_packed: dict[int, _MlaPacked] = {}
-        self._dense_packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.skip_experts = False
         """Benchmark aid: skip the routed experts (the latent goes straight to the norm)."""
 
@@ -121,27 +96,14 @@ class KernelOps:
                       gate_form=k.gate_form, lower_bound=k.gate_lower_bound, norm_eps=k.norm_eps)
         return self._gemv(o, w.o_proj, out)
 
-    def _packed_mla(self, w: MlaWeights) -> _MlaPacked:
-        key = id(w)
-        if key not in self._mla_packed:
-            m = self.cfg.mla
-            nh, nope, rope = m.num_heads, m.qk_nope_head_dim, m.qk_rope_head_dim
-            front = m.q_lora_rank + m.kv_lora_rank + rope
-            qb = w.q_b.view(nh, nope + rope, m.q_lora_rank)
-            self._mla_packed[key] = _MlaPacked(
-                w.qkv_a_g[:front].contiguous(), w.qkv_a_g[front:].contiguous(),
-                qb[:, :nope].reshape(nh * nope, -1).contiguous(),
-                qb[:, nope:].reshape(nh * rope, -1).contiguous())
-        return self._mla_packed[key]
-
     def mla(self, w: MlaWeights, h: torch.Tensor, cache: MlaCache, inp: StepInputs,
             out: torch.Tensor) -> torch.Tensor:
         """Projections, q/kv norms + cache insert, absorbed MLA decode, o_proj."""
         m = self.cfg.mla
-        p = self._packed_mla(w)
+        qkv_a, gate_w, q_b_nope, q_b_pe = w.split()
         t, nh = h.shape[0], m.num_heads
-        qa = self._gemv(h, p.qkv_a)
-        gate = self._gemv(h, p.gate)
+        qa = self._gemv(h, qkv_a)
+        gate = self._gemv(h, gate_w)
         q_c = qa[:, : m.q_lora_rank]
         kv_c = qa[:, m.q_lora_rank : m.q_lora_rank + m.kv_lora_rank]
         k_pe = qa[:, m.q_lora_rank + m.kv_lora_rank :]
@@ -150,8 +112,8 @@ class KernelOps:
                         eps=m.norm_eps)
         self._insert(kv_c, k_pe, w.kv_a_norm, cache.kv_cache, inp.block_table, inp.positions,
                      cache.kv_scale, q_per_request=inp.q, eps=m.norm_eps)
-        q_nope = self._gemv(qn, p.q_b_nope).view(t, nh, m.qk_nope_head_dim)
-        q_pe = self._gemv(qn, p.q_b_pe).view(t, nh, m.qk_rope_head_dim)
+        q_nope = self._gemv(qn, q_b_nope).view(t, nh, m.qk_nope_head_dim)
+        q_pe = self._gemv(qn, q_b_pe).view(t, nh, m.qk_rope_head_dim)
         o = self._mla(q_nope, q_pe, gate, cache.kv_cache, inp.block_table, inp.seq_lens,
                       w.w_uk_t, w.w_uv, q_per_request=inp.q, kv_scale=cache.kv_scale,
                       softmax_scale=m.softmax_scale, max_context=self.max_context,
@@ -182,27 +144,10 @@ class KernelOps:
                    linear_beta=mo.situ_linear_beta)
         return self._gemv(xt, tail, out)
 
-    def _padded_dense(self, w: DenseWeights) -> tuple[torch.Tensor, torch.Tensor]:
-        """gate_up / down with the intermediate padded to a multiple of 128 by zero rows and
-        columns (TP16: 2112 -> 2176, as vLLM's specialized path pads it); SiTU(0, 0) = 0."""
-        key = id(w)
-        if key not in self._dense_packed:
-            inter = w.down.shape[1]
-            pad = -inter % 128
-            if pad == 0:
-                self._dense_packed[key] = (w.gate_up, w.down)
-            else:
-                g, u = w.gate_up.chunk(2, dim=0)
-                z = g.new_zeros(pad, g.shape[1])
-                self._dense_packed[key] = (
-                    torch.cat([g, z, u, z], dim=0).contiguous(),
-                    torch.nn.functional.pad(w.down, (0, pad)).contiguous())
-        return self._dense_packed[key]
-
     def dense(self, w: DenseWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Dense layer 0: gate_up GEMV, SiTU, down GEMV."""
         mo = self.cfg.moe
-        gate_up, down = self._padded_dense(w)
+        gate_up, down = w.padded()
         gu = self._gemv(h, gate_up)
         act = torch.empty(h.shape[0], down.shape[1], dtype=h.dtype, device=h.device)
         self._prep(None, None, gu, act, beta=mo.situ_beta, linear_beta=mo.situ_linear_beta)

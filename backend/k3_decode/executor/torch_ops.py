@@ -29,6 +29,40 @@ def _fla_kda():
     return fused_recurrent_kda
 
 
+def rms(x: torch.Tensor, w: torch.Tensor | None, eps: float, dtype: torch.dtype) -> torch.Tensor:
+    """``x * rsqrt(mean(x^2) + eps) (* w)`` over the last dim, computed in ``dtype``."""
+    xc = x.to(dtype)
+    y = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
+    return y if w is None else y * w.to(dtype)
+
+
+def situ_glu(gu: torch.Tensor, beta: float, linear_beta: float,
+             dtype: torch.dtype) -> torch.Tensor:
+    """SiTU-GLU of ``gu = [gate | up]`` in ``dtype``."""
+    g, u = gu.to(dtype).chunk(2, dim=-1)
+    g = beta * torch.tanh(g / beta) * torch.sigmoid(g)
+    return g * (linear_beta * torch.tanh(u / linear_beta))
+
+
+def write_latent_rows(row: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                      positions: torch.Tensor, kv_scale: torch.Tensor, q: int) -> None:
+    """Store token t's latent ``row[t]`` at ``positions[t]`` of request ``t // q``'s paged cache
+    (fp8: ``row / kv_scale`` saturated to +-448). Padding tokens (position < 0) write back what
+    is there: no host sync, so CUDA-graph safe; fp8 goes through a byte view (``where`` /
+    ``index_put`` need not support float8)."""
+    bs = kv_cache.shape[1]
+    req = torch.arange(row.shape[0], device=row.device) // q
+    pos = positions.long()
+    p0 = pos.clamp_min(0)
+    blk = block_table.long()[req, p0 // bs]
+    fp8 = kv_cache.dtype == F8
+    val = (row.to(torch.float32) / kv_scale).clamp(-448.0, 448.0) if fp8 else row
+    new = val.to(kv_cache.dtype)
+    raw = kv_cache.view(torch.uint8) if fp8 else kv_cache
+    new = new.view(torch.uint8) if fp8 else new
+    raw[blk, p0 % bs] = torch.where((pos >= 0)[:, None], new, raw[blk, p0 % bs])
+
+
 def _write_slots(pool: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
     """``pool[slot] = row`` for every slot > 0; null slots (<= 0) keep their contents. No
     boolean indexing (that syncs with the host): null rows write slot 0's own value back."""
@@ -59,15 +93,11 @@ class TorchOps:
         return x.to(self.dtype) @ w.to(self.dtype).T
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
-        xc = x.to(self.cd)
-        y = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
-        return y if w is None else y * w.to(self.cd)
+        return rms(x, w, eps, self.cd)
 
     def _situ(self, gu: torch.Tensor) -> torch.Tensor:
         m = self.cfg.moe
-        g, u = gu.to(self.cd).chunk(2, dim=-1)
-        g = m.situ_beta * torch.tanh(g / m.situ_beta) * torch.sigmoid(g)
-        return g * (m.situ_linear_beta * torch.tanh(u / m.situ_linear_beta))
+        return situ_glu(gu, m.situ_beta, m.situ_linear_beta, self.cd)
 
     # ------------------------------------------------------------------ ops
     def embed(self, table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -213,22 +243,8 @@ class TorchOps:
         return out.copy_(self._lin(v * torch.sigmoid(gate.to(self.cd)), w.o_proj))
 
     def _insert(self, row: torch.Tensor, cache: MlaCache, inp: StepInputs) -> None:
-        kv = cache.kv_cache
-        bs = kv.shape[1]
-        req = torch.arange(row.shape[0], device=row.device) // inp.q
-        pos = inp.positions.long()
-        ok = pos >= 0
-        p0 = pos.clamp_min(0)
-        blk = inp.block_table.long()[req, p0 // bs]
-        val = row
-        if kv.dtype == F8:
-            val = (val.to(torch.float32) / cache.kv_scale).clamp(-448.0, 448.0)
-        # padding tokens write back what is there (no host sync: CUDA-graph safe); fp8 goes
-        # through a byte view (where / index_put need not support float8)
-        raw = kv.view(torch.uint8) if kv.dtype == F8 else kv
-        new = val.to(kv.dtype)
-        new = new.view(torch.uint8) if kv.dtype == F8 else new
-        raw[blk, p0 % bs] = torch.where(ok[:, None], new, raw[blk, p0 % bs])
+        write_latent_rows(row, cache.kv_cache, inp.block_table, inp.positions, cache.kv_scale,
+                          inp.q)
 
     def _attend(self, q_full: torch.Tensor, cache: MlaCache, inp: StepInputs) -> torch.Tensor:
         m = self.cfg.mla

@@ -64,6 +64,22 @@ class MlaWeights:
     w_uk_t: torch.Tensor  # [heads, nope, kv_lora] bf16
     w_uv: torch.Tensor  # [heads, kv_lora, v] bf16
     o_proj: torch.Tensor  # [H, heads*v] bf16
+    _split: tuple[torch.Tensor, ...] | None = field(default=None, repr=False)
+
+    def split(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(q_a|kv_a|k_pe rows, gate rows, q_b nope rows, q_b pe rows)``, each contiguous, made
+        once (the MLA op wants contiguous q_nope / q_pe / gate inputs). Sizes come from the
+        shapes: heads and nope from ``w_uk_t``, v from ``w_uv``."""
+        if self._split is None:
+            nh, nope, _ = self.w_uk_t.shape
+            gate_rows = nh * self.w_uv.shape[2]
+            front = self.qkv_a_g.shape[0] - gate_rows
+            qb = self.q_b.view(nh, -1, self.q_b.shape[1])
+            rope = qb.shape[1] - nope
+            self._split = (self.qkv_a_g[:front].contiguous(), self.qkv_a_g[front:].contiguous(),
+                           qb[:, :nope].reshape(nh * nope, -1).contiguous(),
+                           qb[:, nope:].reshape(nh * rope, -1).contiguous())
+        return self._split  # type: ignore[return-value]
 
 
 @dataclass
@@ -99,6 +115,22 @@ class DenseWeights:
 
     gate_up: torch.Tensor  # [2I, H] bf16 (gate rows first)
     down: torch.Tensor  # [H, I] bf16
+    _padded: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+
+    def padded(self, multiple: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(gate_up, down)`` with the intermediate padded to ``multiple`` by zero rows and
+        columns (TP16: 2112 -> 2176, as vLLM's specialized path pads it; SiTU(0, 0) = 0), made
+        once; the tensors themselves when no padding is needed."""
+        if self._padded is None:
+            pad = -self.down.shape[1] % multiple
+            if pad == 0:
+                self._padded = (self.gate_up, self.down)
+            else:
+                g, u = self.gate_up.chunk(2, dim=0)
+                z = g.new_zeros(pad, g.shape[1])
+                self._padded = (torch.cat([g, z, u, z], dim=0).contiguous(),
+                                torch.nn.functional.pad(self.down, (0, pad)).contiguous())
+        return self._padded
 
 
 @dataclass
