@@ -28,6 +28,7 @@ from backend.k3_decode.executor.runner import Executor
 from backend.k3_decode.executor.state import blocks_needed, make_caches, synthetic_step
 from backend.k3_decode.executor.torch_ops import TorchOps
 from backend.k3_decode.executor.weights import random_model
+from backend.k3_decode.ops.gemv.timing import copy_ceiling_tbs
 
 LAYER_NAMES = {0: "dense0 (KDA + dense MLP)", 1: "KDA + MoE", 3: "MLA + MoE"}
 
@@ -106,7 +107,7 @@ def main() -> int:
     t0 = time.time()
     cfg = k3_config(args.tp)
     w = random_model(cfg, args.depth, device="cuda", num_experts=args.experts)
-    ceiling = M.copy_ceiling_tbs()
+    ceiling = copy_ceiling_tbs()
     out: dict = {"tp": args.tp, "depth": args.depth, "experts": args.experts,
                  "ceiling_tbs": ceiling, "layers": [], "steps": [], "agreement": None}
     batches = [int(b) for b in args.batches.split(",")]

@@ -22,25 +22,10 @@ import sys
 
 import torch
 
+from backend.k3_decode.ops.gemv.timing import copy_ceiling_tbs
 from backend.k3_decode.testing import kda_inputs
 
 D, F, W = 128, 128, 4
-
-
-def copy_ceiling_tbs(gib: float = 1.0) -> float:
-    """Bandwidth of one large eager device-to-device copy (bytes read + written), TB/s."""
-    n = int(gib * 2**30)
-    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(12):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3)
-    return 2 * n / statistics.median(times[2:]) / 1e12
 
 
 def min_bytes(heads: int, r: int, q: int) -> int:

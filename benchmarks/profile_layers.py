@@ -22,8 +22,8 @@ import tarfile
 from pathlib import Path
 
 from backend.k3_decode.config import k3_config
+from backend.k3_decode.ops.gemv.timing import CEILING_TBS
 
-CEILING_TBS = 4.18  # 1 GiB device-to-device copy on the H200 (../shared/device/README.md)
 SEGMENTS = [("embed", 1), ("layer0 KDA + dense", 8), ("layer1 KDA + MoE", 11),
             ("layer2 KDA + MoE", 11), ("layer3 MLA + MoE", 18), ("layer4 KDA + MoE", 11),
             ("final AttnRes + LM head", 2)]
@@ -115,7 +115,7 @@ def main() -> int:
           "| MLA+MoE us (of roofline) | dense0 us (of roofline) | final us (of roofline) |")
     print("|---|---|---|---|---|---|---|---|")
     for r in table:
-        def cell(name: str) -> str:
+        def cell(name: str, r: dict = r) -> str:
             s = r.get(name)
             return f"{s['us']:.1f} ({s['of_roofline']:.0%})" if s else "-"
         print(f"| {r['point']} | {r['side']} | {r['kernels']} | {r['step_us']:.0f} | "

@@ -122,22 +122,6 @@ def routed_ids(ws: Workspace, layer: LayerWeights, t: int) -> torch.Tensor | Non
     return ids
 
 
-def copy_ceiling_tbs(gib: float = 1.0, reps: int = 10) -> float:
-    """TB/s of a 1 GiB device-to-device copy (bytes read + written), median of ``reps``."""
-    n = int(gib * (1 << 30))
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    ts = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        b.copy_(a)
-        e1.record()
-        torch.cuda.synchronize()
-        ts.append(e0.elapsed_time(e1) / 1000.0)
-    return 2 * n / statistics.median(ts) / 1e12
-
-
 @dataclass
 class Agreement:
     """Per-step comparison of one executor against the float64 reference."""

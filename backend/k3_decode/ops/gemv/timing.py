@@ -15,6 +15,22 @@ import torch
 CEILING_TBS = 4.18  # measured device-to-device copy ceiling of the H200 (issue 8, NOTES.md)
 
 
+def copy_ceiling_tbs(gib: float = 1.0) -> float:
+    """Bandwidth of one large eager device-to-device copy (bytes read + written), TB/s."""
+    n = int(gib * 2**30)
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(12):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    return 2 * n / statistics.median(times[2:]) / 1e12
+
+
 def sets_for(bytes_per_set: int, factor: float = 3.0, lo: int = 2, hi: int = 64) -> int:
     """How many rotated input sets make the graph's working set >= factor x L2."""
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
