@@ -33,12 +33,14 @@ from backend.k3_decode.ops.gemv.timing import copy_ceiling_tbs
 LAYER_NAMES = {0: "dense0 (KDA + dense MLP)", 1: "KDA + MoE", 3: "MLA + MoE"}
 
 
-def _pair(cfg, w, reqs: int, ctx: int, seed: int) -> tuple[Executor, Executor, object]:
+def _pair(cfg, w, reqs: int, ctx: int, seed: int, side: bool = False
+          ) -> tuple[Executor, Executor, object]:
     inp = synthetic_step(reqs, 1, ctx, vocab=w.lm_head.shape[0], seed=seed, device="cuda")
     layers = [(layer.index, layer.kind) for layer in w.layers]
     caches = make_caches(cfg, layers, slots=1 + reqs, num_blocks=blocks_needed(reqs, ctx),
                          seed=seed, device="cuda")
-    spec = Executor(KernelOps(cfg, max_context=ctx), w, caches.clone(), max_tokens=reqs)
+    spec = Executor(KernelOps(cfg, max_context=ctx, side_stream=side), w, caches.clone(),
+                    max_tokens=reqs)
     stock = Executor(TorchOps(cfg), w, caches, max_tokens=reqs)
     return spec, stock, inp
 
@@ -103,13 +105,16 @@ def main() -> int:
     ap.add_argument("--agree-steps", type=int, default=512)
     ap.add_argument("--agree-batch", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--side-stream", action="store_true",
+                    help="specialized executor with the router on a side stream (beside the "
+                    "front projection)")
     args = ap.parse_args()
     t0 = time.time()
     cfg = k3_config(args.tp)
     w = random_model(cfg, args.depth, device="cuda", num_experts=args.experts)
     ceiling = copy_ceiling_tbs()
     out: dict = {"tp": args.tp, "depth": args.depth, "experts": args.experts,
-                 "ceiling_tbs": ceiling, "layers": [], "steps": [], "agreement": None}
+                 "side_stream": args.side_stream, "ceiling_tbs": ceiling, "layers": [], "steps": [], "agreement": None}
     batches = [int(b) for b in args.batches.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
     long_batches = {int(b) for b in args.long_batches.split(",")}
@@ -123,7 +128,7 @@ def main() -> int:
         for ci, ctx in enumerate(contexts):
             if ci and b not in long_batches:
                 continue
-            spec, stock, inp = _pair(cfg, w, b, ctx, seed=b)
+            spec, stock, inp = _pair(cfg, w, b, ctx, seed=b, side=args.side_stream)
             for pos in ((0, 1, 3) if ci == 0 else (3,)):
                 row = _layer_row(spec, stock, inp, pos, ctx, ceiling, counts=(ci == 0))
                 out["layers"].append(row)
@@ -142,7 +147,8 @@ def main() -> int:
 
 
 def _print_tables(out: dict) -> None:
-    print(f"ceiling {out['ceiling_tbs']:.2f} TB/s; TP{out['tp']}, {out['experts']} experts")
+    print(f"ceiling {out['ceiling_tbs']:.2f} TB/s; TP{out['tp']}, {out['experts']} experts; "
+          f"router on a side stream: {'yes' if out.get('side_stream') else 'no'}")
     print("| layer | batch | context | spec us | stock us | speedup | roofline us | of roofline "
           "| spec us w/o experts | stock us w/o experts | kernels spec/stock |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

@@ -6,7 +6,11 @@ one 896-expert layer, so consecutive calls do not hit each other's experts in L2
 Baseline (same run, same timing), "dequantise-then-matmul per expert": gather each pair's
 packed weights, decode E2M1 x E8M0 to bf16 with torch ops, bmm, SiTU-GLU, bmm, weighted sum
 (batch <= 8 only: it materialises every pair's bf16 weights).
-Run: python3 benchmarks/bench_moe.py [--json out.json]
+Variants: `--w2-passes 1,2` (8 or 16 output rows per w2 CTA) and `--fused` (the executor's call:
+the w2 kernel also writes the latent RMSNorm and the shared experts' SiTU-GLU, TP8's 768). The
+w13 / w2 split comes from the torch profiler's kernel durations over eager calls on the rotated
+sets (median per kernel).
+Run: python3 benchmarks/bench_moe.py [--quick] [--w2-passes 1,2] [--fused] [--json out.json]
 """
 
 from __future__ import annotations
@@ -43,7 +47,27 @@ def torch_moe(z, w, ids, w13, s13, w2, s2, lut):
     return (y.float().view(t, k, -1) * w[..., None]).sum(1).bfloat16()
 
 
-def bench(e: int, inter: int, t: int, baseline: bool) -> dict:
+def kernel_split(calls: list) -> dict[str, float]:
+    """Median device time (us) per kernel (w13, w2) over one eager call per rotated set."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for c in calls:  # warm (compiled already; this fills the caches the timed calls see)
+        c()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for c in calls:
+            c()
+        torch.cuda.synchronize()
+    durs: dict[str, list[float]] = {}
+    for ev in prof.events():
+        for key in ("moe_w13", "moe_w2"):
+            if key in ev.name and ev.device_type.name == "CUDA":
+                durs.setdefault(key, []).append(ev.time_range.elapsed_us())
+    return {k: sorted(v)[len(v) // 2] for k, v in durs.items()}
+
+
+def bench(e: int, inter: int, t: int, baseline: bool, passes: int = 1,
+          fused: bool = False) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(0)
     w13 = torch.randint(0, 256, (e, 2 * inter, L // 2), device="cuda", dtype=torch.uint8,
                         generator=gen)
@@ -63,8 +87,16 @@ def bench(e: int, inter: int, t: int, baseline: bool) -> dict:
     ws = [torch.softmax(torch.randn(t, TOP_K, device="cuda"), -1) for _ in range(sets)]
     outs = [torch.empty(t, L, device="cuda").bfloat16() for _ in range(sets)]
     acts = [torch.empty(t * TOP_K, inter, device="cuda") for _ in range(sets)]
-    us = time_rotated([lambda i=i: moe_experts(zs[i], ws[i], ids[i], w13, s13, w2, s2,
-                                               out=outs[i], act=acts[i]) for i in range(sets)])
+    shared = 768 if fused else 0
+    gus = [torch.randn(t, 2 * shared, device="cuda").bfloat16() if fused else None
+           for _ in range(sets)]
+    if fused:
+        outs = [torch.empty(t, L + shared, device="cuda").bfloat16() for _ in range(sets)]
+    calls = [lambda i=i: moe_experts(zs[i], ws[i], ids[i], w13, s13, w2, s2, out=outs[i],
+                                     act=acts[i], w2_passes=passes, normalize=fused, gu=gus[i])
+             for i in range(sets)]
+    us = time_rotated(calls)
+    split = kernel_split(calls)
     base = float("nan")
     if baseline:
         lut = e2m1_table(torch.float32).cuda()
@@ -73,26 +105,44 @@ def bench(e: int, inter: int, t: int, baseline: bool) -> dict:
     uniq = sum(len(torch.unique(i)) for i in ids) / sets
     nbytes = int(uniq * per_expert) + t * L * 4 + t * TOP_K * inter * 8
     return {"op": "moe_mxfp4", "e": e, "inter": inter, "t": t, "experts_touched": uniq,
-            "us": us, "bytes": nbytes, "base_us": base}
+            "us": us, "bytes": nbytes, "base_us": base, "w2_passes": passes, "fused": fused,
+            "w13_us": split.get("moe_w13", float("nan")),
+            "w2_us": split.get("moe_w2", float("nan")),
+            "w2_bytes": int(uniq * L * (inter // 2 + inter // 32)) + t * TOP_K * inter * 4}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", help="write the rows as JSON here")
     ap.add_argument("--quick", action="store_true", help="TP8 only")
+    ap.add_argument("--batches", default=None, help="token counts (default 1,2,4,8,16,64)")
+    ap.add_argument("--w2-passes", default="1", help="w2 tilings to run, e.g. 1,2")
+    ap.add_argument("--fused", action="store_true", help="also the norm + shared-SiTU variant")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the torch baseline")
     args = ap.parse_args()
-    cfgs = [(896, 384, t) for t in (1, 2, 4, 8, 16, 64)]
+    ts = [int(x) for x in (args.batches or "1,2,4,8,16,64").split(",")]
+    cfgs = [(896, 384, t) for t in ts]
     if not args.quick:
         cfgs += [(896, 256, t) for t in (1, 8, 64)] + [(224, 384, 1), (224, 384, 8)]
-    rows = [bench(e, i, t, baseline=t <= 8) for e, i, t in cfgs]
-    print(row(["experts", "I", "T", "touched", "ours us", "MB", "TB/s", "of 4.18",
-               "torch dequant+bmm us", "speed-up"]))
-    print(row(["---"] * 10))
+    variants = [(int(p), False) for p in args.w2_passes.split(",")]
+    if args.fused:
+        variants += [(variants[0][0], True)]
+    rows = []
+    for e, i, t in cfgs:
+        for vi, (passes, fused) in enumerate(variants):
+            rows.append(bench(e, i, t, baseline=t <= 8 and vi == 0 and not args.no_baseline,
+                              passes=passes, fused=fused))
+    print(row(["experts", "I", "T", "w2 rows/CTA", "fused tail", "touched", "ours us", "MB",
+               "TB/s", "of 4.18", "w13 us", "w2 us", "w2 TB/s", "torch dequant+bmm us",
+               "speed-up"]))
+    print(row(["---"] * 15))
     for r in rows:
         tbs, pct = frac(r["bytes"], r["us"])
-        print(row([r["e"], r["inter"], r["t"], f'{r["experts_touched"]:.0f}', f'{r["us"]:.1f}',
-                   f'{r["bytes"] / 1e6:.1f}', tbs, pct, f'{r["base_us"]:.1f}',
-                   f'{r["base_us"] / r["us"]:.2f}']))
+        w2_tbs, _ = frac(r["w2_bytes"], r["w2_us"])
+        print(row([r["e"], r["inter"], r["t"], 8 * r["w2_passes"], "yes" if r["fused"] else "no",
+                   f'{r["experts_touched"]:.0f}', f'{r["us"]:.1f}', f'{r["bytes"] / 1e6:.1f}',
+                   tbs, pct, f'{r["w13_us"]:.1f}', f'{r["w2_us"]:.1f}', w2_tbs,
+                   f'{r["base_us"]:.1f}', f'{r["base_us"] / r["us"]:.2f}']))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(rows, fh, indent=1)

@@ -4,8 +4,9 @@ and side, recorded by backend.harness). Runs on a CPU: it only reads the bundle.
 
     python3 benchmarks/profile_layers.py bundles/h200-executor-perf-2026-11-29/bundle.tar.gz
 
-The candidate's kernels are cut into layers by the executor's fixed launch order (embedding, dense
-layer 0, KDA + MoE layers, the MLA + MoE layer, final AttnRes + LM head); a layer's time is the sum
+The candidate's kernels are cut into layers at the AttnRes kernels (every layer launches two, the
+final AttnRes one; whatever comes before the first is the embedding gather), and each layer is
+named from its kernels (KDA or MLA attention; routed experts or dense MLP); a layer's time is the sum
 of its kernels' durations in the trace (gaps between kernels not counted). Bytes that must move per
 layer come from the TP8 shard shapes: weights once, the KDA state read + written per token slot,
 the MLA cache rows, and the experts touched (exactly 16 at one token; for T tokens the expected
@@ -24,9 +25,6 @@ from pathlib import Path
 from backend.k3_decode.config import k3_config
 from backend.k3_decode.ops.gemv.timing import CEILING_TBS
 
-SEGMENTS = [("embed", 1), ("layer0 KDA + dense", 8), ("layer1 KDA + MoE", 11),
-            ("layer2 KDA + MoE", 11), ("layer3 MLA + MoE", 18), ("layer4 KDA + MoE", 11),
-            ("final AttnRes + LM head", 2)]
 POINT = re.compile(r"perf/evidence/(?P<pt>[^/]+)/profile-(?P<side>\w+)\.json$")
 
 
@@ -67,6 +65,26 @@ def _kernels(trace: dict) -> list[tuple[str, float]]:
     return [(e["name"], float(e.get("dur", 0.0))) for e in ev]
 
 
+def segments(ks: list[tuple[str, float]]) -> list[tuple[str, str | None, list]]:
+    """`(name, kind, kernels)` per layer of one specialized step (see the module docstring);
+    empty when the trace does not have the executor's shape (e.g. the stock-equivalent's)."""
+    at = [i for i, (n, _) in enumerate(ks) if "attn_res" in n]
+    if len(at) < 3 or len(at) % 2 == 0:
+        return []
+    segs = [("embed", None, ks[: at[0]])]
+    for i in range(0, len(at) - 1, 2):
+        seg = ks[at[i] : at[i + 2]]
+        names = " ".join(n for n, _ in seg)
+        attn = "KDA" if "kda" in names else "MLA" if "mla" in names else None
+        if attn is None:
+            return []
+        mlp = "MoE" if "moe_w13" in names else "dense"
+        segs.append((f"layer{i // 2} {attn} + {mlp}",
+                     "kda_dense" if mlp == "dense" else f"{attn.lower()}_moe", seg))
+    segs.append(("final AttnRes + LM head", "final", ks[at[-1] :]))
+    return segs
+
+
 def _params(pt: str) -> tuple[int, int, int]:
     m = re.search(r"-d(\d+)-.*-b(\d+)-in(\d+)-", pt)
     if m is None:
@@ -86,17 +104,11 @@ def rows(bundle: Path) -> list[dict]:
             ks = _kernels(json.load(tar.extractfile(member)))
             row = {"point": hit["pt"], "side": hit["side"], "kernels": len(ks),
                    "step_us": sum(d for _, d in ks)}
-            if hit["side"] == "candidate" and len(ks) == sum(n for _, n in SEGMENTS):
-                at = 0
-                for name, n in SEGMENTS:
-                    seg = ks[at : at + n]
-                    at += n
-                    kind = ("kda_dense" if "dense" in name else "kda_moe" if "KDA + MoE" in name
-                            else "mla_moe" if "MLA" in name else "final" if "final" in name
-                            else None)
+            if hit["side"] == "candidate":
+                for name, kind, seg in segments(ks):
                     us = sum(d for _, d in seg)
                     b = layer_bytes(kind, reqs * q, reqs, q, ctx) if kind else 0.0
-                    row[name] = {"us": us, "kernels": n, "MB": b / 1e6,
+                    row[name] = {"us": us, "kernels": len(seg), "MB": b / 1e6,
                                  "roofline_us": b / (CEILING_TBS * 1e6),
                                  "of_roofline": b / (CEILING_TBS * 1e6) / us if us else 0.0}
             out.append(row)

@@ -118,3 +118,100 @@ def test_moe_cuda_graph_replays_new_inputs() -> None:
     ok, msg = check_and_record(OP, "e224/i384/b4/graph_replay", out, reference({**static, **wts}),
                                2e-2, 2e-2, REL_FRO[torch.bfloat16])
     assert ok, msg
+
+
+@pytest.mark.parametrize("experts,inter,batch,top_k,passes", [
+    (896, 384, 1, 16, 2), (896, 256, 8, 16, 2), (224, 384, 5, 8, 1), (224, 256, 3, 32, 1),
+    (224, 256, 2, 32, 2)])
+def test_moe_w2_variants(experts: int, inter: int, batch: int, top_k: int, passes: int) -> None:
+    """The w2 kernel's other row tilings (16 rows per CTA) and slot counts (8 warps; 32 slots,
+    two per warp in turn) against float64."""
+    from backend.k3_decode.ops.moe import moe_experts
+
+    inp = make_inputs(batch, experts, inter, seed=100 + batch, top_k=top_k)
+    out = poison_(torch.empty(inp["z"].shape, dtype=torch.bfloat16, device="cuda"))
+    moe_experts(**inp, out=out, w2_passes=passes)
+    ok, msg = check_and_record(OP, f"e{experts}/i{inter}/b{batch}/k{top_k}/w2x{passes}", out,
+                               reference(inp), 2e-2, 2e-2, REL_FRO[torch.bfloat16])
+    assert ok, msg
+
+
+def tail_reference(inp: dict, gu: torch.Tensor | None, eps: float = 1e-6) -> torch.Tensor:
+    """float64 `[rms_norm(experts(z)) | SiTU-GLU(gu)]` (the latent MoE tail's input)."""
+    from backend.k3_decode.reference.moe import situ_glu
+    from backend.k3_decode.reference.norms import rms_norm
+
+    parts = [rms_norm(reference(inp), None, eps)]
+    if gu is not None:
+        s = gu.shape[1] // 2
+        parts.append(situ_glu(gu[:, :s], gu[:, s:]))
+    return torch.cat(parts, dim=-1)
+
+
+def run_tail(inp: dict, gu: torch.Tensor | None, passes: int = 1) -> torch.Tensor:
+    from backend.k3_decode.ops.moe import moe_experts
+
+    s = 0 if gu is None else gu.shape[1] // 2
+    out = poison_(torch.empty(inp["z"].shape[0], LATENT + s, dtype=torch.bfloat16,
+                              device="cuda"))
+    moe_experts(**inp, out=out, normalize=True, gu=gu, w2_passes=passes)
+    torch.cuda.synchronize()
+    return out
+
+
+@pytest.mark.parametrize("experts,inter,batch,top_k,passes,shared", [
+    (896, 384, 1, 16, 1, 768), (896, 384, 8, 16, 2, 768), (896, 256, 3, 16, 1, 384),
+    (224, 384, 64, 16, 1, 768), (224, 256, 2, 32, 1, 0), (896, 384, 4, 16, 2, 0)])
+def test_moe_norm_and_shared_glu_epilogue(experts: int, inter: int, batch: int, top_k: int,
+                                          passes: int, shared: int) -> None:
+    """w2 with the latent tail fused: RMSNorm of the expert sum (last CTA per token) and the
+    shared experts' SiTU-GLU, against float64; the shared gate/up row is strided (a view into
+    a wider front-projection output, as the executor passes it)."""
+    inp = make_inputs(batch, experts, inter, seed=200 + batch + shared, top_k=top_k)
+    gu = None
+    if shared:
+        front = torch.randn(batch, LATENT + 2 * shared, device="cuda").to(torch.bfloat16) * 3
+        gu = front[:, LATENT:]
+    out = run_tail(inp, gu, passes)
+    ok, msg = check_and_record(OP, f"norm/e{experts}/i{inter}/b{batch}/k{top_k}/w2x{passes}"
+                               f"/shared{shared}", out, tail_reference(inp, gu), 2e-2, 2e-2,
+                               REL_FRO[torch.bfloat16])
+    assert ok, msg
+
+
+def test_moe_norm_epilogue_graph_replays_and_is_deterministic() -> None:
+    """The ticket counters reset themselves: three graph replays with new inputs each match
+    float64, and two replays of the same inputs are bitwise equal."""
+    from backend.k3_decode.ops.moe import moe_experts
+
+    t, inter, s = 6, 384, 768
+    sets = [make_inputs(t, 896, inter, seed=300 + i) for i in range(3)]
+    gus = [torch.randn(t, 2 * s, device="cuda").to(torch.bfloat16) for _ in range(3)]
+    static = {k: sets[0][k].clone() for k in ("z", "topk_w", "topk_ids")}
+    wts = {k: sets[0][k] for k in ("w13", "w13_scale", "w2", "w2_scale")}
+    gu = gus[0].clone()
+    out = torch.empty(t, LATENT + s, dtype=torch.bfloat16, device="cuda")
+    act = torch.empty(t * 16, inter, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        moe_experts(**static, **wts, out=out, act=act, normalize=True, gu=gu)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        moe_experts(**static, **wts, out=out, act=act, normalize=True, gu=gu)
+    for i in (1, 2, 0):
+        for k, v in static.items():
+            v.copy_(sets[i][k])
+        gu.copy_(gus[i])
+        poison_(out)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = tail_reference({**static, **wts}, gu)
+        ok, msg = check_and_record(OP, f"norm/e896/i384/b6/graph_replay{i}", out, ref, 2e-2,
+                                   2e-2, REL_FRO[torch.bfloat16])
+        assert ok, msg
+    first = out.clone()
+    poison_(out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, first)

@@ -104,3 +104,45 @@ def test_bad_tensors(name, bad, match):
 def test_misaligned_z_rows():
     z = torch.randn(2, 512 + 1).bfloat16()[:, :512]
     raises("row strides", z=z)
+
+
+def test_w2_staging_limit():
+    """The w2 kernel stages I * min(k, 16) fp32 activations per CTA: 768 x 16 is refused."""
+    raises(r"intermediate 768 x min\(top_k, 16\) = 12288", **good(inter=768, k=16))
+    with pytest.raises(MoeInputError, match="needs CUDA tensors"):
+        check_inputs(**good(inter=640, k=16))
+
+
+def test_shared_glu_inputs():
+    """`gu` = [T, 2S] bf16 widens `out` to [T, L + S]; wrong gu or out shapes are refused."""
+    kw = good()
+    gu = torch.randn(2, 256).bfloat16()
+    with pytest.raises(MoeInputError, match=r"out must have shape \(2, 640\)"):
+        check_inputs(**kw, gu=gu)
+    kw["out"] = torch.empty(2, 640).bfloat16()
+    with pytest.raises(MoeInputError, match="needs CUDA tensors"):
+        check_inputs(**kw, gu=gu)
+    with pytest.raises(MoeInputError, match=r"gu must be \[T, 2S\]"):
+        check_inputs(**kw, gu=torch.randn(2, 255).bfloat16())
+    with pytest.raises(MoeInputError, match="gu must be torch.bfloat16"):
+        check_inputs(**kw, gu=gu.float())
+    with pytest.raises(MoeInputError, match=r"gu must have shape \(2, 256\)"):
+        check_inputs(**kw, gu=torch.randn(3, 256).bfloat16())
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"w2_passes": 4}, "w2_passes=4 must be 1 or 2"),
+    ({"eps": float("nan")}, "eps=nan must be a finite number"),
+    ({"eps": -1.0}, "eps=-1.0 must be a finite number"),
+])
+def test_bad_options_raise_before_launch(kwargs, match):
+    with pytest.raises(MoeInputError, match=match):
+        moe_experts(**{k: v for k, v in good().items() if k not in ("out", "act")}, **kwargs)
+
+
+def test_norm_counter_must_cover_the_tokens():
+    kw = {k: v for k, v in good().items() if k not in ("out", "act")}
+    with pytest.raises(MoeInputError, match="counter must be torch.int32"):
+        moe_experts(**kw, normalize=True, counter=torch.zeros(4))
+    with pytest.raises(MoeInputError, match=r"counter must be int32 \[>= 2\]"):
+        moe_experts(**kw, normalize=True, counter=torch.zeros(1, dtype=torch.int32))

@@ -1,10 +1,11 @@
 """The specialized executor's ops: our CuTe DSL kernels, nothing from torch on the hot path but
 the embedding gather.
 
-Per KDA + MoE layer (11 launches): AttnRes+norm, input projection (GEMV), fused KDA, o_proj,
-AttnRes+norm, router, front projection ``[latent down ; shared gate_up]``, MXFP4 experts (2),
-``rms_glu_prep`` (latent RMS scale + shared SiTU), tail projection ``[up * norm_w | shared down]``
-(the routed output and the shared experts are summed inside that one GEMV). With
+Per KDA + MoE layer (10 launches): AttnRes+norm, input projection (GEMV), fused KDA, o_proj,
+AttnRes+norm, router, front projection ``[latent down ; shared gate_up]``, MXFP4 experts (2: the
+w2 kernel also writes the latent RMSNorm and the shared experts' SiTU-GLU), tail projection
+``[up * norm_w | shared down]`` (the routed output and the shared experts are summed inside that
+one GEMV). With
 ``side_stream=True`` the router runs on a second stream beside the front projection (joined
 before the experts). The MLA layer: two projections (``q_a|kv_a`` and the gate, so that each
 output is contiguous), q_a RMSNorm, fused kv RMSNorm + cache insert, two q_b projections
@@ -135,13 +136,15 @@ class KernelOps:
         else:
             wts, ids, _ = self._route(h, w.gate_w, w.bias, mo.top_k, mo.routed_scaling_factor)
             fr = self._gemv(h, front)
-        routed = fr[:, :lat] if self.skip_experts else self._moe(
-            fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, beta=mo.situ_beta,
-            linear_beta=mo.situ_linear_beta)
         s = w.shared_down.shape[1]
         xt = torch.empty(h.shape[0], lat + s, dtype=h.dtype, device=h.device)
-        self._prep(routed, None, fr[:, lat:], xt, eps=self.cfg.rms_eps, beta=mo.situ_beta,
-                   linear_beta=mo.situ_linear_beta)
+        if self.skip_experts:
+            self._prep(fr[:, :lat], None, fr[:, lat:], xt, eps=self.cfg.rms_eps,
+                       beta=mo.situ_beta, linear_beta=mo.situ_linear_beta)
+        else:  # the w2 kernel also writes the latent RMSNorm and the shared SiTU into xt
+            self._moe(fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, xt,
+                      beta=mo.situ_beta, linear_beta=mo.situ_linear_beta, normalize=True,
+                      gu=fr[:, lat:], eps=self.cfg.rms_eps)
         return self._gemv(xt, tail, out)
 
     def dense(self, w: DenseWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

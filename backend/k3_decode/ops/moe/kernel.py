@@ -11,11 +11,18 @@ Two kernels, launched back to back by one host function on the caller's stream:
   registers (see `gemv/common.py`), multiplies in fp32 and applies the block scale once per 32
   products. Half-warp shuffle reductions give gate and up; lane 0 writes
   `act[p, j] = SiTU-GLU(gate, up)` in fp32.
-`moe_w2_kernel`, grid (L / 32, T): one CTA (4 warps) per (32 output rows, token); the token's
-  k activation rows (k * I fp32) are staged swizzled in shared memory. Four lanes share a w2
-  row (I/2 bytes = I/32 chunks of 16 B); the k experts are visited in slot order, each lane
-  accumulating `w_slot * partial`; one 4-lane shuffle reduction at the end, bf16 out. The sum
-  over the 16 experts is therefore in a fixed order: deterministic, no atomics.
+`moe_w2_kernel`, grid (L / 16, T): one CTA per (16 output rows, token) with one warp per expert
+  slot (min(k, 16) warps; slots past 16 take turns). Four lanes share a w2 row (I/2 bytes =
+  I/32 chunks of 16 B), 8 rows per pass, 2 passes: every lane issues all its loads (6 x 16 B at
+  I = 384) before it stages its slot's activations (fp32, swizzled) in its warp's own region of
+  shared memory, so the CTA's whole 16 x k rows are in flight at once (the first version visited
+  the slots one after another with 4 CTAs' worth of rows in flight per SM: 0.34 TB/s at T = 1).
+  Per-row slot sums `w_slot * partial` meet in shared memory and are added in warp order: a
+  fixed order, deterministic, no atomics.
+  Optional epilogue (the latent MoE's tail, saving the separate prep kernel): `norm` writes the
+  fp32 rows to a workspace plus each CTA's sum of squares; the token's last CTA (atomic ticket,
+  as in the router; it resets the counter) writes `bf16(y * rsqrt(mean(y^2) + eps))`; `shared`
+  also writes the shared experts' `SiTU-GLU(gate, up)` after the latent columns.
 Expert ids are clamped into [0, E) so a bad id can never read out of bounds.
 """
 
@@ -44,9 +51,7 @@ from backend.k3_decode.ops.gemv.device import (
 
 W13_WARPS = 8
 W13_ROWS = 8  # intermediate rows (gate + up pairs) per CTA: one per warp
-W2_WARPS = 4
-W2_ROWS = W2_WARPS * 8  # output rows per CTA (4 lanes per row)
-W2_PREFETCH = 4  # expert slots whose w2 loads are in flight ahead of the arithmetic
+W2_SLOT_WARPS = 16  # w2: one warp per expert slot (up to 16; more slots take turns)
 CHUNK = 32  # E2M1 values per 16-byte chunk = one E8M0 scale block
 
 
@@ -95,9 +100,9 @@ def _load_chunks(w_row: cute.Pointer, s_row: cute.Pointer, first, step: cutlass.
 
 @cute.jit
 def _stage_row_f32(src: cute.Pointer, xs: cute.Tensor, n: cutlass.Constexpr, base,
-                   threads: cutlass.Constexpr, src_bf16: cutlass.Constexpr):
-    """Copy n values (bf16 or fp32) from gmem into smem fp32 at `base`, chunk-swizzled."""
-    tid, _, _ = cute.arch.thread_idx()
+                   threads: cutlass.Constexpr, src_bf16: cutlass.Constexpr, tid):
+    """Threads `tid` in 0..threads-1 copy n values (bf16 or fp32) from gmem into smem fp32 at
+    `base`, chunk-swizzled (the whole CTA for w13's z, one warp for its own w2 slot)."""
     per = 8 if src_bf16 else 4
     nv = n // per
     for it in cutlass.range_constexpr((nv + threads - 1) // threads):
@@ -151,7 +156,8 @@ def moe_w13_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: c
                  words[0], scales[0])
     smem = SmemAllocator()
     xs = smem.allocate_tensor(F32, cute.make_layout((latent,)), byte_alignment=16)
-    _stage_row_f32(z + tok.to(I64) * ld_z, xs, latent, 0, W13_WARPS * 32, True)
+    _stage_row_f32(z + tok.to(I64) * ld_z, xs, latent, 0, W13_WARPS * 32, True,
+                   cute.arch.thread_idx()[0])
     cute.arch.barrier()
     for jj in cutlass.range_constexpr(rows_per_warp):
         j = j0 + jj
@@ -174,66 +180,152 @@ def moe_w13_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: c
 @cute.kernel
 def moe_w2_kernel(act: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer,
                   w2: cute.Pointer, s2: cute.Pointer, out: cute.Pointer, ld_out: I64,
-                  latent: cutlass.Constexpr, inter: cutlass.Constexpr,
-                  top_k: cutlass.Constexpr, n_exp: cutlass.Constexpr):
-    """Down GEMV of 32 output rows for one token over its k experts, weighted, in slot order.
+                  gu: cute.Pointer, ld_gu: I64, ws: cute.Pointer, part: cute.Pointer,
+                  counter: cute.Pointer, latent: cutlass.Constexpr, inter: cutlass.Constexpr,
+                  top_k: cutlass.Constexpr, n_exp: cutlass.Constexpr, norm: cutlass.Constexpr,
+                  shared: cutlass.Constexpr, eps: cutlass.Constexpr, beta: cutlass.Constexpr,
+                  linear_beta: cutlass.Constexpr, passes: cutlass.Constexpr):
+    """Down GEMV of 8 * passes output rows for one token over all its k experts at once.
 
-    The experts' weight loads run W2_PREFETCH slots ahead of the arithmetic (a register ring),
-    and the first ring is issued before the activations are staged.
+    Warp w owns expert slots w, w + W2_SLOT_WARPS, ...: every lane issues the loads of all its
+    rows of its slot before anything waits (the whole CTA's weights are in flight together),
+    stages its slot's activations in its own shared-memory region, and accumulates
+    `w_slot * (row . act)` per row. The per-warp sums meet in shared memory and are added in
+    warp order (fixed: deterministic, no atomics).
+    `norm`: the rows go to the fp32 workspace `ws`, their sum of squares to `part`; the last CTA
+    of the token (atomic ticket, as in the router) writes `out[:, :L] = bf16(y * rsqrt(mean(y^2)
+    + eps))` and resets the token's counter. `shared > 0`: the CTAs also write
+    `out[:, L:L+shared] = bf16(SiTU-GLU(gu[:, :shared], gu[:, shared:]))`.
     """
+    tid, _, _ = cute.arch.thread_idx()
     lane = cute.arch.lane_idx()
     warp = cute.arch.warp_idx()
     rb, tok, _ = cute.arch.block_idx()
+    nb, _, _ = cute.arch.grid_dim()
+    nw = min(top_k, W2_SLOT_WARPS)
+    rounds = (top_k + nw - 1) // nw
     g = lane % 4
-    r = rb * W2_ROWS + warp * 8 + lane // 4
     per_lane = inter // CHUNK // 4
-    depth = min(W2_PREFETCH, top_k)
-    eids = cute.make_rmem_tensor((top_k,), I32)
-    wks = cute.make_rmem_tensor((top_k,), F32)
-    for kk in cutlass.range_constexpr(top_k):
-        slot = tok * top_k + kk
-        eids[kk] = cutlass.max(cutlass.min(flat(ids)[slot], I32(n_exp - 1)), I32(0))
-        wks[kk] = flat(topk_w)[slot]
-    words = [cute.make_rmem_tensor((4, per_lane), U32) for _ in range(depth)]
-    scales = [cute.make_rmem_tensor((per_lane,), U8) for _ in range(depth)]
-    for kk in cutlass.range_constexpr(depth):
-        row = eids[kk].to(I64) * latent + r
-        _load_chunks(w2 + row * (inter // 2), s2 + row * (inter // CHUNK), g, 4, per_lane,
-                     words[kk], scales[kk])
+    rows = 8 * passes
+    r0 = rb * rows + lane // 4
     smem = SmemAllocator()
-    xs = smem.allocate_tensor(F32, cute.make_layout((top_k * inter,)), byte_alignment=16)
-    _stage_row_f32(act + tok.to(I64) * (top_k * inter), xs, top_k * inter, 0, W2_WARPS * 32,
-                   False)
-    cute.arch.barrier()
-    acc = F32(0.0)
-    for kk in cutlass.range_constexpr(top_k):
-        b = kk % depth
-        d = F32(0.0)
-        for i in cutlass.range_constexpr(per_lane):
-            cg = kk * (inter // CHUNK) + g + 4 * i  # chunk index in the staged k*I row (swizzle)
-            d += _chunk_dot(words[b], i, xs, cg * CHUNK, cg) * e8m0_scale_times_2p14(
-                scales[b][i])
-        acc += wks[kk] * d
-        if cutlass.const_expr(kk + depth < top_k):
-            row = eids[kk + depth].to(I64) * latent + r
-            _load_chunks(w2 + row * (inter // 2), s2 + row * (inter // CHUNK), g, 4, per_lane,
-                         words[b], scales[b])
-    acc += cute.arch.shuffle_sync_bfly(acc, 2)
-    acc += cute.arch.shuffle_sync_bfly(acc, 1)
+    xs = smem.allocate_tensor(F32, cute.make_layout((nw * inter,)), byte_alignment=16)
+    red = smem.allocate_tensor(F32, cute.make_layout((nw * rows,)), byte_alignment=16)
+    s_flag = smem.allocate_tensor(F32, cute.make_layout((2,)), byte_alignment=16)
+    sums = smem.allocate_tensor(F32, cute.make_layout((nw * 32,)), byte_alignment=16)
+    accs = cute.make_rmem_tensor((passes,), F32)
+    for p in cutlass.range_constexpr(passes):
+        accs[p] = F32(0.0)
+    for rd in cutlass.range_constexpr(rounds):
+        slot = warp + rd * nw
+        if slot < top_k:
+            pair = tok.to(I64) * top_k + slot
+            e_id = cutlass.max(cutlass.min(flat(ids)[pair], I32(n_exp - 1)), I32(0)).to(I64)
+            wk = flat(topk_w)[pair]
+            words = [cute.make_rmem_tensor((4, per_lane), U32) for _ in range(passes)]
+            scales = [cute.make_rmem_tensor((per_lane,), U8) for _ in range(passes)]
+            for p in cutlass.range_constexpr(passes):
+                row = e_id * latent + r0 + 8 * p
+                _load_chunks(w2 + row * (inter // 2), s2 + row * (inter // CHUNK), g, 4,
+                             per_lane, words[p], scales[p])
+            if cutlass.const_expr(rd > 0):
+                cute.arch.sync_warp()  # every lane is done reading the previous slot's act
+            _stage_row_f32(act + pair * inter, xs, inter, warp * inter, 32, False, lane)
+            cute.arch.sync_warp()
+            for p in cutlass.range_constexpr(passes):
+                d = F32(0.0)
+                for i in cutlass.range_constexpr(per_lane):
+                    c = g + 4 * i
+                    d += _chunk_dot(words[p], i, xs, warp * inter + c * CHUNK, c) * (
+                        e8m0_scale_times_2p14(scales[p][i]))
+                d += cute.arch.shuffle_sync_bfly(d, 2)
+                d += cute.arch.shuffle_sync_bfly(d, 1)
+                accs[p] += wk * d
     if g == 0:
-        flat(out)[tok.to(I64) * ld_out + r] = acc.to(BF16)
+        for p in cutlass.range_constexpr(passes):
+            red[warp * rows + 8 * p + lane // 4] = accs[p]
+    cute.arch.barrier()
+    if cutlass.const_expr(shared > 0):
+        for j in cutlass.range(rb * (nw * 32) + tid, shared, nb * (nw * 32), unroll=1):
+            o = situ(flat(gu)[tok.to(I64) * ld_gu + j].to(F32),
+                     flat(gu)[tok.to(I64) * ld_gu + shared + j].to(F32), beta, linear_beta)
+            flat(out)[tok.to(I64) * ld_out + latent + j] = o.to(BF16)
+    if warp == 0:
+        y = F32(0.0)
+        if lane < rows:
+            for w in cutlass.range_constexpr(nw):
+                y += red[w * rows + lane]
+            if cutlass.const_expr(norm):
+                flat(ws)[tok.to(I64) * latent + rb * rows + lane] = y
+            else:
+                flat(out)[tok.to(I64) * ld_out + rb * rows + lane] = y.to(BF16)
+        if cutlass.const_expr(norm):
+            sq = y * y
+            for off in cutlass.range_constexpr(5):
+                sq += cute.arch.shuffle_sync_bfly(sq, 16 >> off)
+            if lane == 0:
+                flat(part)[tok.to(I64) * nb + rb] = sq
+    if cutlass.const_expr(norm):
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.barrier()
+        if tid == 0:
+            ticket = cute.arch.atomic_add(counter + tok, I32(1), sem="acq_rel", scope="gpu")
+            s_flag[0] = F32(0.0)
+            if ticket == nb - 1:
+                s_flag[0] = F32(1.0)
+        cute.arch.barrier()
+        if s_flag[0] == F32(1.0):
+            # Every load below is issued before its value is used (constexpr loops): the tail is
+            # a few L2 round trips, not one per element.
+            cute.arch.fence_acq_rel_gpu()
+            nt = nw * 32
+            nbc = latent // rows
+            ss = F32(0.0)
+            for it in cutlass.range_constexpr((nbc + nt - 1) // nt):
+                b = tid + it * nt
+                if b < nbc:
+                    ss += flat(part)[tok.to(I64) * nbc + b]
+            sums[tid] = ss
+            cute.arch.barrier()
+            if warp == 0:
+                t = F32(0.0)
+                for w in cutlass.range_constexpr(nw):
+                    t += sums[w * 32 + lane]
+                for off in cutlass.range_constexpr(5):
+                    t += cute.arch.shuffle_sync_bfly(t, 16 >> off)
+                if lane == 0:
+                    s_flag[1] = cute.rsqrt(t * F32(1.0 / latent) + F32(eps))
+            cute.arch.barrier()
+            inv = s_flag[1]
+            cp4 = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), F32, num_bits_per_copy=128)
+            cpo = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BF16, num_bits_per_copy=64)
+            for it in cutlass.range_constexpr((latent // 4 + nt - 1) // nt):
+                v = tid + it * nt
+                if v < latent // 4:
+                    y = cute.make_rmem_tensor((4,), F32)
+                    cute.copy(cp4, vec(ws + tok.to(I64) * latent + 4 * v, F32, 4, 16), y)
+                    o = cute.make_rmem_tensor((4,), BF16)
+                    for e in cutlass.range_constexpr(4):
+                        o[e] = (y[e] * inv).to(BF16)
+                    cute.copy(cpo, o, vec(out + tok.to(I64) * ld_out + 4 * v, BF16, 4, 8))
+            if tid == 0:
+                flat(counter)[tok] = I32(0)
 
 
 @cute.jit
 def moe_launch(z: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer, w13: cute.Pointer,
                s13: cute.Pointer, w2: cute.Pointer, s2: cute.Pointer, act: cute.Pointer,
-               out: cute.Pointer, n_tok: I32, ld_z: I64, ld_out: I64, stream: cuda.CUstream,
-               latent: cutlass.Constexpr, inter: cutlass.Constexpr, top_k: cutlass.Constexpr,
-               n_exp: cutlass.Constexpr, beta: cutlass.Constexpr,
-               linear_beta: cutlass.Constexpr):
-    """Host side: w13 + SiTU-GLU, then w2 + weighted sum, on the caller's stream."""
+               out: cute.Pointer, gu: cute.Pointer, ws: cute.Pointer, part: cute.Pointer,
+               counter: cute.Pointer, n_tok: I32, ld_z: I64, ld_out: I64, ld_gu: I64,
+               stream: cuda.CUstream, latent: cutlass.Constexpr, inter: cutlass.Constexpr,
+               top_k: cutlass.Constexpr, n_exp: cutlass.Constexpr, beta: cutlass.Constexpr,
+               linear_beta: cutlass.Constexpr, norm: cutlass.Constexpr,
+               shared: cutlass.Constexpr, eps: cutlass.Constexpr, passes: cutlass.Constexpr):
+    """Host side: w13 + SiTU-GLU, then w2 + weighted sum (+ norm / shared SiTU), one stream."""
     moe_w13_kernel(z, ids, w13, s13, act, ld_z, latent, inter, top_k, n_exp, beta,
                    linear_beta).launch(grid=(inter // W13_ROWS, n_tok * top_k, 1),
                                        block=(W13_WARPS * 32, 1, 1), stream=stream)
-    moe_w2_kernel(act, ids, topk_w, w2, s2, out, ld_out, latent, inter, top_k, n_exp).launch(
-        grid=(latent // W2_ROWS, n_tok, 1), block=(W2_WARPS * 32, 1, 1), stream=stream)
+    moe_w2_kernel(act, ids, topk_w, w2, s2, out, ld_out, gu, ld_gu, ws, part, counter, latent,
+                  inter, top_k, n_exp, norm, shared, eps, beta, linear_beta, passes).launch(
+        grid=(latent // (8 * passes), n_tok, 1), block=(min(top_k, W2_SLOT_WARPS) * 32, 1, 1),
+        stream=stream)
