@@ -155,6 +155,23 @@ def test_graph_replay_equals_eager_and_trace_marks_it_specialized(tmp_path) -> N
     assert paths == [("specialized", 4)]
 
 
+def test_router_on_a_side_stream_gives_the_same_step() -> None:
+    """``KernelOps(side_stream=True)`` (router beside the front projection, forked and joined
+    inside the CUDA graph) replays to the same logits, bit for bit, as the one-stream executor:
+    same kernels, deterministic reductions, only the launch order differs."""
+    _, _, spec, inp = _three(8, 5, 896, 4, 2, 1024)
+    side = Executor(KernelOps(spec.weights.config, max_context=1024, side_stream=True),
+                    spec.weights, spec.caches.clone(), max_tokens=8)
+    want = spec.capture(inp).replay(inp).clone()
+    got = side.capture(inp).replay(inp).clone()
+    torch.cuda.synchronize()
+    same = torch.equal(got, want)
+    record_case(op="executor_side_stream", case="tp8-r4-q2-graph-replay-bitwise", dtype="float32",
+                max_abs_err=float((got - want).abs().max()), max_rel_err=_rel(got, want),
+                atol=0.0, rtol=0.0, passed=same)
+    assert same
+
+
 def test_kda_moe_layer_kernel_count() -> None:
     """Kernels one KDA + MoE layer launches (the issue's goal: at most 10; the design: 10)."""
     _, stock, spec, inp = _three(8, 5, 896, 1, 1, 1024)

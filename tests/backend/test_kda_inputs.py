@@ -85,3 +85,17 @@ def test_num_accepted_wrong_dtype(inp: dict) -> None:
 def test_unknown_variant(inp: dict) -> None:
     with pytest.raises(KdaInputError, match="unknown kernel variant"):
         _call(inp, variant="warp")
+
+
+def test_auto_variant_keeps_to_the_cta_kernel_unless_asked(monkeypatch):
+    """"auto" picks the one-CTA kernel (the cluster kernel faulted on the H200, NOTES.md); the
+    measured cluster rule comes back with K3_DECODE_KDA_CLUSTER=1; explicit variants pass."""
+    from backend.k3_decode.ops.kda import pick_variant
+
+    monkeypatch.delenv("K3_DECODE_KDA_CLUSTER", raising=False)
+    assert pick_variant("auto", 12, 1, 1) == "cta"
+    assert pick_variant("cluster", 12, 64, 4) == "cluster"
+    monkeypatch.setenv("K3_DECODE_KDA_CLUSTER", "1")
+    assert pick_variant("auto", 12, 1, 1) == "cluster"
+    assert pick_variant("auto", 12, 64, 1) == "cta"
+    assert pick_variant("auto", 12, 1, 4) == "cta"

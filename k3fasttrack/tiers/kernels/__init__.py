@@ -8,6 +8,7 @@ copies the cases into ``kernels/cases.jsonl`` and summarises them. ``recompute``
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,19 +51,41 @@ def _run_tests(ctx: TierContext) -> dict[str, object]:
     return {"returncode": proc.returncode, "cases": cases, "command": cmd[1:]}
 
 
-def summarise(cases: list[KernelCase], returncode: int, gpu: str | None) -> KernelsReport:
-    """The report for a list of cases and pytest's exit status."""
+def pytest_outcome(log: str) -> tuple[str | None, list[str]]:
+    """pytest's final count line (e.g. "222 failed, 39 passed, 206 deselected") and the ids of
+    the failed tests, from a ``-q`` log; ``(None, [])`` when the log has neither."""
+    counts = None
+    for line in log.splitlines():
+        m = re.match(r"^=*\s*(\d+ (?:failed|passed|error|errors|skipped)\b[^=]*?)"
+                     r"(?: in [\d.]+s.*)?\s*=*$", line.strip())
+        if m:
+            counts = m.group(1).strip()
+    failed = [ln.split(" ", 2)[1] for ln in log.splitlines()
+              if ln.startswith(("FAILED ", "ERROR ")) and len(ln.split(" ")) > 1]
+    return counts, failed
+
+
+def summarise(cases: list[KernelCase], returncode: int, gpu: str | None,
+              log: str = "") -> KernelsReport:
+    """The report for a list of cases, pytest's exit status and (optionally) its log: a failing
+    test that recorded no case (a crash, an error before the comparison) still shows by name."""
     failed = [c for c in cases if not c.passed]
     checks = [Check(name=f"{c.op}[{c.case}]", outcome="pass" if c.passed else "fail",
                     reason=f"max abs err {c.max_abs_err:.3g} (atol {c.atol:g}), "
                            f"max rel err {c.max_rel_err:.3g} (rtol {c.rtol:g})")
               for c in cases]
+    counts, failed_tests = pytest_outcome(log)
+    shown = ", ".join(failed_tests[:5]) + (f" and {len(failed_tests) - 5} more"
+                                            if len(failed_tests) > 5 else "")
     checks.append(Check(name="pytest exit status", outcome="pass" if returncode == 0 else "fail",
-                        reason=f"pytest returned {returncode}"))
+                        reason=f"pytest returned {returncode}"
+                        + (f" ({counts})" if counts else "")
+                        + (f"; failed tests: {shown}" if failed_tests else "")))
     if not cases:
         status, reason = "FAIL", "the kernel tests recorded no cases"
     elif failed or returncode != 0:
-        status, reason = "FAIL", f"{len(failed)} of {len(cases)} cases failed; pytest {returncode}"
+        status, reason = "FAIL", (f"{len(failed)} of {len(cases)} recorded cases failed; pytest "
+                                  f"{returncode}" + (f" ({counts})" if counts else ""))
     else:
         status, reason = "PASS", f"all {len(cases)} cases within tolerance"
     return KernelsReport(status=status, reason=reason, checks=tuple(checks), gpu=gpu,
@@ -84,7 +107,8 @@ def _run(ctx: TierContext) -> TierReport:
     if not (ctx.bundle_dir / LOG).exists():
         (ctx.bundle_dir / LOG).write_text("(pytest log from an earlier, resumed run)\n")
     gpu = str(gpus[0]) if gpus else "none (CPU host)"  # type: ignore[index]
-    return summarise(cases, int(result["returncode"]), gpu)  # type: ignore[call-overload]
+    log = (ctx.bundle_dir / LOG).read_text(errors="replace")
+    return summarise(cases, int(result["returncode"]), gpu, log)  # type: ignore[call-overload]
 
 
 def _recompute(report: TierReport, bundle_dir: Path) -> list[str]:
