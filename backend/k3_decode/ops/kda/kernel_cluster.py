@@ -153,7 +153,7 @@ def kda_decode_cluster_kernel(
                     for c in cutlass.range_constexpr(4):
                         tmp[c] = win[c, i]
                     cute.copy(cp_bf16x4, tmp, _vec(cs_j + (i * conv_ch + gch), BF16, 4, 8))
-        elif tid < 64:
+        elif warp == 1:  # not `tid < 64`: threads 24..31 (no conv work) would take lr < 0
             lr = tid - 32
             og = cute.make_tensor(out_gate + tok * ld_og + head * HEAD_DIM,
                                   cute.make_layout((HEAD_DIM,)))

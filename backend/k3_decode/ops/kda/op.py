@@ -35,8 +35,9 @@ def pick_variant(variant: str, heads: int, requests: int, q: int) -> str:
     heads * requests <= 132 at q = 1 (5.6 vs 7.9 us at 12 heads, batch 1), the CTA kernel at
     larger batches and for every verify step (q > 1). But the cluster kernel hit an illegal
     memory access on the H200 (2026-11-29, session 3: reproducible after the executor's GPU tests
-    in one process, never alone; not root-caused, see NOTES.md), so "auto" keeps to the CTA
-    kernel; ``K3_DECODE_KDA_CLUSTER=1`` restores the measured rule, for benchmarks.
+    in one process, never alone). The likely cause (8 threads indexing norm_w / out_gate at -8..-1)
+    is fixed in kernel_cluster.py but has not run on a GPU yet (NOTES.md), so "auto" keeps to the
+    CTA kernel; ``K3_DECODE_KDA_CLUSTER=1`` restores the measured rule, for benchmarks.
     """
     if variant != "auto":
         return variant
