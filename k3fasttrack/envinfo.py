@@ -67,17 +67,41 @@ def detect_gpus() -> tuple[tuple[GpuInfo, ...], str | None, str | None]:
     return tuple(gpus), driver, cuda
 
 
+MAX_CHANGED = 200
+
+
+def tree_digest(top: Path, paths: list[str]) -> str:
+    """sha256 over each tracked path (sorted) and its bytes on disk, or a deletion marker."""
+    h = hashlib.sha256()
+    for rel in sorted(paths):
+        f = top / rel
+        h.update(rel.encode() + b"\0")
+        if f.is_file() and not f.is_symlink():
+            h.update(hashlib.sha256(f.read_bytes()).digest())
+        elif f.is_symlink():
+            h.update(b"link:" + os.readlink(f).encode())
+        else:
+            h.update(b"<absent>")
+    return h.hexdigest()
+
+
 def git_state(repo: Path) -> GitState | None:
-    """Commit and dirtiness of the git work tree containing ``repo``; None when not a repo."""
+    """Commit, dirtiness, changed paths and tree digest of the work tree containing ``repo``;
+    None when not a repo."""
     top = _run(["git", "rev-parse", "--show-toplevel"], cwd=repo)
     if top is None:
         return None
+    root = Path(top.strip())
     commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
-    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
+    listed = _run(["git", "ls-files", "-z"], cwd=root)
+    digest = None if listed is None else tree_digest(root, [p for p in listed.split("\0") if p])
     if commit is None:  # a repository with no commits (e.g. a copied tree): state unknown
-        return GitState(repo=Path(top.strip()).name, commit=None, dirty=None)
-    return GitState(repo=Path(top.strip()).name, commit=commit.strip(),
-                    dirty=None if status is None else bool(status.strip()))
+        return GitState(repo=root.name, commit=None, dirty=None, tree_digest=digest)
+    changed = tuple(line[3:] for line in (status or "").splitlines() if len(line) > 3)
+    return GitState(repo=root.name, commit=commit.strip(),
+                    dirty=None if status is None else bool(status.strip()),
+                    tree_digest=digest, changed=changed[:MAX_CHANGED])
 
 
 def capture(code_under_test: Path) -> Environment:

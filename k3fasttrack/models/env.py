@@ -22,6 +22,11 @@ class GitState(Record):
     commit: str | None
     dirty: bool | None
     """None when the tree state could not be read."""
+    tree_digest: str | None = None
+    """sha256 over the tracked paths and their bytes as they were on disk (a deleted file counts
+    as deleted): names the exact code a dirty tree ran, whatever the commit says."""
+    changed: tuple[str, ...] = ()
+    """Tracked paths that differ from the commit (``git status --porcelain``), at most 200."""
 
 
 class Environment(Artefact):

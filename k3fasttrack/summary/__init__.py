@@ -69,7 +69,12 @@ def _hardware(env: Environment | None) -> str:
     pk = env.packages
     versions = ", ".join(f"{k} {v}" for k, v in pk.items() if v)
     commit = env.git.commit[:12] if env.git and env.git.commit else "unknown"
-    dirty = " (dirty tree)" if env.git and env.git.dirty else ""
+    dirty = ""
+    if env.git and env.git.dirty:
+        n = len(env.git.changed)
+        dirty = f" (dirty tree: {n} changed path{'s' if n != 1 else ''})" if n else " (dirty tree)"
+    if env.git and env.git.tree_digest:
+        dirty += f", tree sha256 `{env.git.tree_digest[:16]}`"
     return f"Hardware: {gpu}. Code under test: `{commit}`{dirty}. Versions: {versions}."
 
 
