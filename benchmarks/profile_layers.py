@@ -66,8 +66,9 @@ def _kernels(trace: dict) -> list[tuple[str, float]]:
 
 
 def segments(ks: list[tuple[str, float]]) -> list[tuple[str, str | None, list]]:
-    """`(name, kind, kernels)` per layer of one specialized step (see the module docstring);
-    empty when the trace does not have the executor's shape (e.g. the stock-equivalent's)."""
+    """`(name, kind, kernels)` per layer of ONE specialized step (see the module docstring);
+    empty when the trace does not have the executor's shape (e.g. the stock-equivalent's).
+    `kind` (the roofline formula) is None for a layer shape K3 does not have."""
     at = [i for i, (n, _) in enumerate(ks) if "attn_res" in n]
     if len(at) < 3 or len(at) % 2 == 0:
         return []
@@ -79,8 +80,9 @@ def segments(ks: list[tuple[str, float]]) -> list[tuple[str, str | None, list]]:
         if attn is None:
             return []
         mlp = "MoE" if "moe_w13" in names else "dense"
-        segs.append((f"layer{i // 2} {attn} + {mlp}",
-                     "kda_dense" if mlp == "dense" else f"{attn.lower()}_moe", seg))
+        kind = {("KDA", "dense"): "kda_dense", ("KDA", "MoE"): "kda_moe",
+                ("MLA", "MoE"): "mla_moe"}.get((attn, mlp))  # K3 has no MLA + dense layer
+        segs.append((f"layer{i // 2} {attn} + {mlp}", kind, seg))
     segs.append(("final AttnRes + LM head", "final", ks[at[-1] :]))
     return segs
 

@@ -50,3 +50,13 @@ def test_clean_run_passes_and_log_is_optional() -> None:
     assert rep.status == "PASS" and rep.checks[-1].reason == "pytest returned 0 (1 passed)"
     assert summarise([_case()], 0, None).status == "PASS"
     assert summarise([_case(False)], 1, None).status == "FAIL"
+
+
+def test_outcome_reads_collection_errors_and_ids_with_spaces() -> None:
+    log = ("ERROR tests/backend/test_x.py - ImportError: no module\n"
+           "FAILED tests/t.py::test_a[case one] - AssertionError: x\n"
+           "=== 1 failed, 206 deselected, 1 error in 2.31s ===\n")
+    counts, failed = pytest_outcome(log)
+    assert counts == "1 failed, 206 deselected, 1 error"
+    assert failed == ["tests/backend/test_x.py", "tests/t.py::test_a[case one]"]
+    assert pytest_outcome("206 deselected in 0.5s")[0] is None  # no outcome word: not a result

@@ -248,3 +248,26 @@ def test_torch_prep_fallback_matches_the_torch_ops(cache_dtype: torch.dtype) -> 
     assert torch.equal(cache.view(torch.uint8), want.view(torch.uint8))
     assert float(cache[0].float().abs().sum()) > 0 and float(cache[2:].float().abs().sum()) > 0
     assert float(cache[0, 4:].float().abs().sum()) == 0  # only position 3 of block 0 written
+
+
+def test_flipped_requests_excuses_near_ties_only() -> None:
+    """The GPU per-layer test's route criterion (testing.flipped_requests), on hand-made routes:
+    a 1- or 2-expert difference from float64 excuses the token's request from that layer on; a
+    larger first difference (what a corrupted hidden state gives) never does."""
+    from backend.k3_decode.testing import flipped_requests
+
+    ref = {1: torch.arange(16).repeat(8, 1), 3: torch.arange(16).repeat(8, 1)}
+    l1, l3 = ref[1].clone(), ref[3].clone()
+    l1[0, 15] = 99  # request 0 (tokens 0, 1): one expert swapped at layer 1
+    l1[5] = torch.arange(50, 66)  # request 2 (tokens 4, 5): a different set altogether
+    l3[5] = torch.arange(60, 76)  # ... still different later: not excused
+    l3[6, :2] = torch.tensor([70, 71])  # request 3 (tokens 6, 7): two experts at layer 3
+    routes = {1: l1, 3: l3}
+    excused, worst = flipped_requests(routes, ref, 1, 2)
+    assert excused.tolist() == [True, False, False, False] and worst == 16
+    excused, worst = flipped_requests(routes, ref, 3, 2)
+    assert excused.tolist() == [True, False, False, True] and worst == 16
+    excused, worst = flipped_requests(ref, ref, 3, 2)
+    assert not excused.any() and worst == 0
+    late = {1: ref[1], 3: l3}  # request 2's first divergence is at layer 3, and it is large
+    assert flipped_requests(late, ref, 3, 2)[0].tolist() == [False, False, False, True]

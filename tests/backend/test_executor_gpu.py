@@ -4,9 +4,10 @@ float64 reference executor and the bf16 stock-equivalent executor.
 Each case runs one step from identical caches on all three and checks, per layer and for the
 logits, that the specialized path's error against float64 is within bf16 noise: the median over
 tokens of the per-token relative error is at most twice the stock-equivalent bf16 executor's plus
-1e-3 (both round activations to bf16 between ops), over the requests whose expert routes still
-match float64's (random weights make top-16 near-ties common; a flipped route takes a token and
-its request's later tokens far from float64 whichever bf16 path runs, see backend/NOTES.md).
+1e-3 (both round activations to bf16 between ops), over the requests not excused by a near-tie
+route flip (random weights make top-16 near-ties common; a token whose expert set differs from
+float64's by one or two experts takes its request far from float64 whichever bf16 path runs;
+larger differences are not excused, see `testing.flipped_requests` and backend/NOTES.md).
 Also: CUDA-graph replay equals the eager step, the selection trace marks graph replays
 specialized, the KDA + MoE layer's kernel count, TP16 (padded dense layer) and 224 experts.
 """
@@ -26,7 +27,7 @@ from backend.k3_decode.executor.runner import Executor
 from backend.k3_decode.executor.state import blocks_needed, make_caches, synthetic_step
 from backend.k3_decode.executor.torch_ops import TorchOps
 from backend.k3_decode.executor.weights import random_model
-from backend.k3_decode.testing import record_case
+from backend.k3_decode.testing import flipped_requests, record_case
 from backend.k3_decode.trace import TraceWriter
 
 pytestmark = pytest.mark.gpu
@@ -63,32 +64,18 @@ def _run(ex: Executor, inp) -> tuple[torch.Tensor, dict[int, torch.Tensor],
     float64 from the executor's own router input, sorted per token)."""
     seen: dict[int, torch.Tensor] = {}
     routes: dict[int, torch.Tensor] = {}
-    t = inp.num_tokens
+    t, top_k = inp.num_tokens, ex.weights.config.moe.top_k
+    ffn = {x.index: x.ffn for x in ex.weights.layers}
 
     def hook(i, ws) -> None:
         seen[i] = ws.ffn[:t].double().clone()
-        ffn = ex.weights.layers[[x.index for x in ex.weights.layers].index(i)].ffn
-        if hasattr(ffn, "gate_w"):
-            score = torch.sigmoid(ws.h[:t].double() @ ffn.gate_w.double().T) + ffn.bias.double()
-            routes[i] = score.topk(16, dim=-1).indices.sort(dim=-1).values
+        if hasattr(ffn[i], "gate_w"):
+            score = (torch.sigmoid(ws.h[:t].double() @ ffn[i].gate_w.double().T)
+                     + ffn[i].bias.double())
+            routes[i] = score.topk(top_k, dim=-1).indices.sort(dim=-1).values
 
     logits = decode_step(ex.ops, ex.weights, ex.caches, inp, ex.ws, hook)
     return logits.double().clone(), seen, routes
-
-
-def _clean_tokens(routes: dict[int, torch.Tensor], ref: dict[int, torch.Tensor], upto: int,
-                  q: int) -> torch.Tensor:
-    """Tokens of the requests none of whose tokens has picked another expert set than float64 at
-    any MoE layer up to `upto` (a flipped route at a near-tie moves that token, and through the
-    KDA state and MLA cache the request's later tokens, far from float64: bf16 noise decides it,
-    not the kernels; both bf16 executors do it, H200 runs 4 and 5)."""
-    t = next(iter(ref.values())).shape[0] if ref else 0
-    bad = torch.zeros(t, dtype=torch.bool, device="cuda")
-    for i, r in ref.items():
-        if i <= upto:
-            bad |= (routes[i] != r).any(dim=-1)
-    bad_req = bad.view(-1, q).any(dim=-1)
-    return ~bad_req.repeat_interleave(q)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -103,10 +90,11 @@ def _token_rel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("tp,depth,experts,reqs,q,ctx", [
     (8, 5, 896, 1, 1, 1024), (8, 5, 896, 4, 4, 2048), (16, 5, 224, 3, 2, 1024)])
 def test_specialized_step_matches_reference(tp, depth, experts, reqs, q, ctx) -> None:
-    """Per layer and for the logits: the median per-token error against float64 over the
-    requests whose routes still match float64 (for each executor, its own), at most twice the
-    stock-equivalent's + 1e-3. Where every request of the specialized path has a flipped route,
-    the median over all tokens is compared instead (and can fail)."""
+    """Per layer and for the logits: the median per-token error against float64, over the
+    requests not excused by a near-tie route flip (each executor its own), at most twice the
+    stock-equivalent's + 1e-3; and the specialized path may excuse at most one request more
+    than the stock-equivalent. If every request of either path is excused, the medians over all
+    tokens are compared instead (and can fail)."""
     ref, stock, spec, inp = _three(tp, depth, experts, reqs, q, ctx)
     lr, hr, rr = _run(ref, inp)
     ls, hs, rs = _run(stock, inp)
@@ -115,18 +103,23 @@ def test_specialized_step_matches_reference(tp, depth, experts, reqs, q, ctx) ->
     fails = []
 
     def compare(op: str, name: str, upto: int, a_spec, a_stock, a_ref, dtype: str) -> None:
-        ck, cs = _clean_tokens(rk, rr, upto, q), _clean_tokens(rs, rr, upto, q)
-        ek, es = _token_rel(a_spec, a_ref), _token_rel(a_stock, a_ref)
+        xk, wk = flipped_requests(rk, rr, upto, q)
+        xs, ws = flipped_requests(rs, rr, upto, q)
+        ck, cs = (~xk).repeat_interleave(q), (~xs).repeat_interleave(q)
         if not bool(ck.any()) or not bool(cs.any()):
             ck = cs = torch.ones_like(ck)
+        ek, es = _token_rel(a_spec, a_ref), _token_rel(a_stock, a_ref)
         e_spec, e_stock = float(ek[ck].median()), float(es[cs].median())
-        ok = e_spec <= 2 * e_stock + 1e-3 and bool(torch.isfinite(a_spec).all())
-        record_case(op=op, case=f"{case}-{name}-median-token flipped-tokens spec={int((~ck).sum())} "
-                    f"stock={int((~cs).sum())}", dtype=dtype, max_abs_err=float(ek.max()),
-                    max_rel_err=e_spec, atol=0.0, rtol=2 * e_stock + 1e-3, passed=ok)
+        n_k, n_s = int(xk.sum()), int(xs.sum())
+        ok = (e_spec <= 2 * e_stock + 1e-3 and n_k <= n_s + 1
+              and bool(torch.isfinite(a_spec).all()))
+        record_case(op=op, case=f"{case}-{name}-median-token excused-requests spec={n_k} "
+                    f"stock={n_s} first-divergence-experts spec={wk} stock={ws}", dtype=dtype,
+                    max_abs_err=float(ek.max()), max_rel_err=e_spec, atol=0.0,
+                    rtol=2 * e_stock + 1e-3, passed=ok)
         if not ok:
-            fails.append(f"{name}: specialized {e_spec:.3e} vs stock {e_stock:.3e} "
-                         f"(tokens left out: {int((~ck).sum())} / {int((~cs).sum())})")
+            fails.append(f"{name}: specialized {e_spec:.3e} vs stock {e_stock:.3e}, excused "
+                         f"requests {n_k} vs {n_s}")
 
     for i in hr:
         compare("executor_layer", f"layer{i}", i, hk[i], hs[i], hr[i], "bfloat16")

@@ -146,3 +146,13 @@ def test_norm_counter_must_cover_the_tokens():
         moe_experts(**kw, normalize=True, counter=torch.zeros(4))
     with pytest.raises(MoeInputError, match=r"counter must be int32 \[>= 2\]"):
         moe_experts(**kw, normalize=True, counter=torch.zeros(1, dtype=torch.int32))
+
+
+def test_w2_register_limit_per_tiling():
+    """I above 1024 (or above 384 with 16-row w2 CTAs) would spill registers: refused."""
+    with pytest.raises(MoeInputError, match="intermediate 512 with w2_passes=2 exceeds 384"):
+        check_inputs(**good(inter=512, k=4), w2_passes=2)
+    with pytest.raises(MoeInputError, match="intermediate 1152 with w2_passes=1 exceeds 1024"):
+        check_inputs(**good(inter=1152, k=4))
+    with pytest.raises(MoeInputError, match="needs CUDA tensors"):
+        check_inputs(**good(inter=384, k=4), w2_passes=2)

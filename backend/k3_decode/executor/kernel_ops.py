@@ -3,7 +3,8 @@ the embedding gather.
 
 Per KDA + MoE layer (10 launches): AttnRes+norm, input projection (GEMV), fused KDA, o_proj,
 AttnRes+norm, router, front projection ``[latent down ; shared gate_up]``, MXFP4 experts (2: the
-w2 kernel also writes the latent RMSNorm and the shared experts' SiTU-GLU), tail projection
+w2 kernel also writes the latent RMSNorm and the shared experts' SiTU-GLU; with
+``K3_DECODE_PREP=torch`` a torch prep does that instead), tail projection
 ``[up * norm_w | shared down]`` (the routed output and the shared experts are summed inside that
 one GEMV). With
 ``side_stream=True`` the router runs on a second stream beside the front projection (joined
@@ -62,7 +63,8 @@ class KernelOps:
         from backend.k3_decode.ops.router import route
 
         self.cfg = cfg
-        if os.environ.get("K3_DECODE_PREP", "kernel") == "torch":  # fallback, see NOTES.md
+        self._torch_prep = os.environ.get("K3_DECODE_PREP", "kernel") == "torch"
+        if self._torch_prep:  # fallback, see NOTES.md
             rms_glu_prep, mla_kv_insert = torch_rms_glu_prep, torch_mla_kv_insert
         self._gemv, self._kda, self._mla, self._moe = gemv, kda_decode, mla_decode, moe_experts
         self._route, self._attn_res, self._prep, self._insert = (route, attn_res_norm,
@@ -71,6 +73,16 @@ class KernelOps:
         self._side = torch.cuda.Stream() if side_stream else None
         self.skip_experts = False
         """Benchmark aid: skip the routed experts (the latent goes straight to the norm)."""
+        self._counters: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def counters(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """This instance's ticket counters (router, MoE norm epilogue) on ``dev``: two executors
+        replaying on different streams never share one. Made on the first (eager warm-up) call;
+        the kernels leave them at zero."""
+        if dev not in self._counters:
+            self._counters[dev] = (torch.zeros(4, dtype=torch.int32, device=dev),
+                                   torch.zeros(64, dtype=torch.int32, device=dev))
+        return self._counters[dev]
 
     def embed(self, table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Embedding gather (one torch index_select)."""
@@ -125,26 +137,30 @@ class KernelOps:
         """Router (optionally on the side stream), front GEMV, MXFP4 experts, prep, tail GEMV."""
         mo, lat = self.cfg.moe, self.cfg.moe.latent_dim
         front, tail = w.packed()
+        c_route, c_moe = self.counters(h.device)
         if self._side is not None:
             main = torch.cuda.current_stream(h.device)
             self._side.wait_stream(main)
             with torch.cuda.stream(self._side):
                 wts, ids, _ = self._route(h, w.gate_w, w.bias, mo.top_k,
-                                          mo.routed_scaling_factor)
+                                          mo.routed_scaling_factor, counter=c_route)
             fr = self._gemv(h, front)
             main.wait_stream(self._side)
         else:
-            wts, ids, _ = self._route(h, w.gate_w, w.bias, mo.top_k, mo.routed_scaling_factor)
+            wts, ids, _ = self._route(h, w.gate_w, w.bias, mo.top_k, mo.routed_scaling_factor,
+                                      counter=c_route)
             fr = self._gemv(h, front)
         s = w.shared_down.shape[1]
         xt = torch.empty(h.shape[0], lat + s, dtype=h.dtype, device=h.device)
-        if self.skip_experts:
-            self._prep(fr[:, :lat], None, fr[:, lat:], xt, eps=self.cfg.rms_eps,
-                       beta=mo.situ_beta, linear_beta=mo.situ_linear_beta)
+        glu = {"beta": mo.situ_beta, "linear_beta": mo.situ_linear_beta}
+        if self.skip_experts or self._torch_prep:  # a separate prep (kernel or torch fallback)
+            routed = fr[:, :lat] if self.skip_experts else self._moe(
+                fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, **glu)
+            self._prep(routed, None, fr[:, lat:], xt, eps=self.cfg.rms_eps, **glu)
         else:  # the w2 kernel also writes the latent RMSNorm and the shared SiTU into xt
             self._moe(fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, xt,
-                      beta=mo.situ_beta, linear_beta=mo.situ_linear_beta, normalize=True,
-                      gu=fr[:, lat:], eps=self.cfg.rms_eps)
+                      normalize=True, gu=fr[:, lat:], eps=self.cfg.rms_eps, counter=c_moe,
+                      **glu)
         return self._gemv(xt, tail, out)
 
     def dense(self, w: DenseWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -51,17 +51,23 @@ def _run_tests(ctx: TierContext) -> dict[str, object]:
     return {"returncode": proc.returncode, "cases": cases, "command": cmd[1:]}
 
 
+COUNT_LINE = re.compile(r"^=*\s*((?:\d+ [a-z]+(?:, )?)+?)(?:\s+in [\d.]+s\b.*?)?\s*=*$")
+OUTCOMES = ("failed", "passed", "error", "errors", "skipped", "xfailed", "xpassed")
+
+
 def pytest_outcome(log: str) -> tuple[str | None, list[str]]:
     """pytest's final count line (e.g. "222 failed, 39 passed, 206 deselected") and the ids of
-    the failed tests, from a ``-q`` log; ``(None, [])`` when the log has neither."""
+    the failed or erroring tests, from a ``-q`` log; ``(None, [])`` when the log has neither."""
     counts = None
     for line in log.splitlines():
-        m = re.match(r"^=*\s*(\d+ (?:failed|passed|error|errors|skipped)\b[^=]*?)"
-                     r"(?: in [\d.]+s.*)?\s*=*$", line.strip())
-        if m:
-            counts = m.group(1).strip()
-    failed = [ln.split(" ", 2)[1] for ln in log.splitlines()
-              if ln.startswith(("FAILED ", "ERROR ")) and len(ln.split(" ")) > 1]
+        m = COUNT_LINE.match(line.strip())
+        if m and any(f" {word}" in f" {m.group(1)}" for word in OUTCOMES):
+            counts = m.group(1).strip().rstrip(",")
+    failed = []
+    for ln in log.splitlines():
+        for tag in ("FAILED ", "ERROR "):
+            if ln.startswith(tag) and len(ln) > len(tag):
+                failed.append(ln[len(tag):].split(" - ", 1)[0].strip())
     return counts, failed
 
 

@@ -11,11 +11,12 @@ Two kernels, launched back to back by one host function on the caller's stream:
   registers (see `gemv/common.py`), multiplies in fp32 and applies the block scale once per 32
   products. Half-warp shuffle reductions give gate and up; lane 0 writes
   `act[p, j] = SiTU-GLU(gate, up)` in fp32.
-`moe_w2_kernel`, grid (L / 16, T): one CTA per (16 output rows, token) with one warp per expert
-  slot (min(k, 16) warps; slots past 16 take turns). Four lanes share a w2 row (I/2 bytes =
-  I/32 chunks of 16 B), 8 rows per pass, 2 passes: every lane issues all its loads (6 x 16 B at
-  I = 384) before it stages its slot's activations (fp32, swizzled) in its warp's own region of
-  shared memory, so the CTA's whole 16 x k rows are in flight at once (the first version visited
+`moe_w2_kernel`, grid (L / (8 * passes), T): one CTA per (8 * passes output rows, token; default
+  1 pass = 8 rows) with one warp per expert slot (min(k, 16) warps; slots past 16 take turns).
+  Four lanes share a w2 row (I/2 bytes = I/32 chunks of 16 B), 8 rows per pass: every lane
+  issues all its loads (3 x 16 B per pass at I = 384) before it stages its slot's activations
+  (fp32, swizzled) in its warp's own region of shared memory, so the CTA's whole
+  8 * passes x k rows are in flight at once (the first version visited
   the slots one after another with 4 CTAs' worth of rows in flight per SM: 0.34 TB/s at T = 1).
   Per-row slot sums `w_slot * partial` meet in shared memory and are added in warp order: a
   fixed order, deterministic, no atomics.

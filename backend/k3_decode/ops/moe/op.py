@@ -1,7 +1,7 @@
 """Torch-facing MXFP4 routed experts: checks before launch, cached compile, launch.
 
 `moe_experts(z, topk_w, topk_ids, w13, w13_scale, w2, w2_scale, out=None, beta=4.0,
-linear_beta=25.0)` returns `out [T, L]` bf16 = sum over the k slots (in slot order) of
+linear_beta=25.0)` returns `out [T, L]` bf16 = sum over the k slots (in a fixed order: deterministic) of
 `topk_w[t, s] * W2_e . SiTU-GLU(W13_e . z[t])`, e = topk_ids[t, s], with MXFP4 expert weights in
 vLLM 0.33.0's layout (see `backend/k3_decode/reference/mxfp4.py`):
   z [T, L] bf16 (rows may be strided), topk_w [T, k] fp32, topk_ids [T, k] int32,
@@ -9,8 +9,10 @@ vLLM 0.33.0's layout (see `backend/k3_decode/reference/mxfp4.py`):
   w2_scale [E, L, I/32] uint8.
 Supported: L a multiple of 512, I a multiple of 128 (K3: L = 3584; I = 384 at TP8, 256 at TP16),
 k in 1..32 with I * min(k, 16) <= 10240 (the w2 kernel stages one activation row per warp in
-shared memory), any E up to 4096 (896, 224, ...), T in 1..64. `act` (fp32 [T*k, I]) is the SiTU
-workspace; pass one to keep the call allocation-free inside a CUDA graph.
+shared memory), I <= 1024 (<= 384 with `w2_passes=2`: beyond, ptxas spills), any E up to 4096 (896, 224, ...), T in 1..64. `act` (fp32 [T*k, I]) is the SiTU
+workspace (pass one to reuse it); `normalize=True` also takes an fp32 [T, L] row workspace and
+[T, L/8] partial sums from the caching allocator on every call, which `torch.cuda.graph` capture
+serves from the graph's private pool.
 
 The latent MoE's tail can ride on the w2 kernel (one launch fewer than a separate prep kernel):
 `normalize=True` writes `out[:, :L] = bf16(y * rsqrt(mean(y^2) + eps))` of the fp32 expert sum y
@@ -18,7 +20,9 @@ The latent MoE's tail can ride on the w2 kernel (one launch fewer than a separat
 `gu=[T, 2S]` (bf16 `[gate | up]` of the shared experts) adds `out[:, L:L+S] =
 bf16(SiTU-GLU(gate, up))`; `out` is then `[T, L + S]`. The norm needs a per-token ticket counter
 (int32, zero between launches: the token's last CTA resets it); one per device is kept here,
-`counter=` passes your own (e.g. one per stream for concurrent calls).
+`counter=` passes your own. Two launches in flight at once (other streams, concurrent graph
+replays) must not share a counter: a mixed-up ticket elects a wrong last CTA and leaves the
+counter off zero for every later launch; the executor's `KernelOps` owns one per instance.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ MAX_TOKENS = 64
 MAX_EXPERTS = 4096
 MAX_STAGED = 10240  # I * min(k, 16) fp32 activations staged per w2 CTA (40 KB of shared memory)
 W2_PASSES = 1  # default w2 rows per CTA = 8 * passes (1 or 2; a compile-time key field)
+W2_MAX_INTER = {1: 1024, 2: 384}  # largest I per tiling that ptxas keeps in registers (sm_90a/100a)
 U8 = torch.uint8
 
 
@@ -71,7 +76,8 @@ class MoeKey:
 def check_inputs(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
                  w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
                  w2_scale: torch.Tensor, out: torch.Tensor, act: torch.Tensor,
-                 gu: torch.Tensor | None = None) -> tuple[int, int, int, int, int]:
+                 gu: torch.Tensor | None = None, w2_passes: int = W2_PASSES
+                 ) -> tuple[int, int, int, int, int]:
     """Validate every input; returns `(T, L, I, k, E)` or raises `MoeInputError`."""
     err = MoeInputError
     need(z.dim() == 2 and topk_ids.dim() == 2 and w13.dim() == 3, err, OP,
@@ -89,6 +95,9 @@ def check_inputs(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
     need(inter * min(k, 16) <= MAX_STAGED, err, OP,
          f"intermediate {inter} x min(top_k, 16) = {inter * min(k, 16)} activations exceed the "
          f"{MAX_STAGED} a w2 CTA stages in shared memory")
+    need(inter <= W2_MAX_INTER[w2_passes], err, OP,
+         f"intermediate {inter} with w2_passes={w2_passes} exceeds "
+         f"{W2_MAX_INTER[w2_passes]} (the w2 kernel would spill registers)")
     shared = 0
     if gu is not None:
         need(isinstance(gu, torch.Tensor) and gu.dim() == 2 and gu.shape[1] % 2 == 0
@@ -168,7 +177,7 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
         need(counter.dim() == 1 and counter.numel() >= z.shape[0], MoeInputError, OP,
              f"counter must be int32 [>= {z.shape[0]}] (one per token)")
     t, lat, inter, k, e = check_inputs(z, topk_w, topk_ids, w13, w13_scale, w2, w2_scale,
-                                       out, act, gu)
+                                       out, act, gu, w2_passes)
     dev = z.device
     if normalize:
         if counter is None:
