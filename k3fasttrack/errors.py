@@ -69,5 +69,9 @@ class VerificationError(K3ftError):
     exit_code = EXIT_FAIL
 
 
+class CodeMismatchError(VerificationError):
+    """The code a maintainer holds is not the code the bundle ran (or the bundle cannot say)."""
+
+
 class BundleFormatError(UsageError):
     """A bundle path that is unreadable, truncated or not a bundle at all."""

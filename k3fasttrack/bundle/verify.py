@@ -79,6 +79,10 @@ class VerifiedBundle:
     profile: str
     verdict: str
     git_commit: str | None
+    tree_digest: str | None = None
+    """sha256 of the tracked files the run saw (environment.json), when the bundle records it."""
+    changed: tuple[str, ...] = ()
+    """Paths that differed from ``git_commit`` in that tree."""
 
     @property
     def principal(self) -> str:
@@ -114,11 +118,42 @@ def verify_folder(root: Path, signers: list[AllowedSigner]) -> VerifiedBundle:
     _check_files(root, files, manifest)
     reports = _check_reports(root, manifest)
     _check_claims(root, manifest, statement, reports)
+    git = (_load(root, ENVIRONMENT, Environment).git
+           if ENVIRONMENT in {f.path for f in manifest.files} else None)
     return VerifiedBundle(
         manifest=manifest, principals=signer.principals, fingerprint=signer.fingerprint,
         root_digest=manifest.root_digest, profile=statement.profile,
         verdict=statement.verdict, git_commit=statement.git_commit,
+        tree_digest=git.tree_digest if git else None, changed=git.changed if git else (),
     )
+
+
+def check_code(result: VerifiedBundle, code: Path) -> str:
+    """Compare the tracked files of the git work tree at ``code`` with the tree the bundle ran.
+
+    Returns the tree digest when they are the same bytes; raises ``CodeMismatchError`` when
+    they differ, when the bundle records no tree digest, or when ``code`` is not a git tree.
+    """
+    from k3fasttrack.envinfo import git_state
+    from k3fasttrack.errors import CodeMismatchError
+
+    if result.tree_digest is None:
+        raise CodeMismatchError(
+            "the bundle records no tree digest (made before k3ft recorded one), so the code it "
+            f"ran cannot be compared; it names commit {(result.git_commit or 'unknown')[:12]}")
+    if not code.exists():
+        raise CodeMismatchError(f"--code {code} does not exist")
+    mine = git_state(code)
+    if mine is None or mine.tree_digest is None:
+        raise CodeMismatchError(f"--code {code} is not a git work tree (no tracked files to hash)")
+    if mine.tree_digest != result.tree_digest:
+        ran = ", ".join(result.changed[:5]) or "none"
+        raise CodeMismatchError(
+            f"code at {code} (tree sha256 {mine.tree_digest[:16]}, commit "
+            f"{(mine.commit or 'unknown')[:12]}) is not the code the bundle ran (tree sha256 "
+            f"{result.tree_digest[:16]}, commit {(result.git_commit or 'unknown')[:12]}, "
+            f"changed then: {ran})")
+    return mine.tree_digest
 
 
 def _check_dsse(root: Path, files: list[str], signers: list[AllowedSigner]

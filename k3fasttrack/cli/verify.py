@@ -17,17 +17,22 @@ def verify_command(
         "--allowed-signers", help="git-style allowed_signers file: the keys you trust.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
     = False,
+    code: Annotated[Path | None, typer.Option(
+        "--code", help="Also check that this git work tree holds the exact code the bundle ran "
+        "(tracked files, byte for byte).")] = None,
 ) -> None:
     """Verify a bundle offline: signatures against your allowed_signers, every file digest,
     safe extraction, and every summary figure recomputed from the raw samples.
 
-    Exit 0 when it verifies, 1 on any verification failure, 2 when the bundle or the
-    allowed_signers file cannot be read.
+    Exit 0 when it verifies, 1 on any verification failure (with ``--code``: also when that
+    tree is not the code the bundle ran), 2 when the bundle or the allowed_signers file cannot
+    be read.
     """
-    from k3fasttrack.bundle.verify import verify_bundle
+    from k3fasttrack.bundle.verify import check_code, verify_bundle
 
     try:
         result = verify_bundle(bundle, allowed_signers)
+        code_digest = check_code(result, code) if code is not None else None
     except K3ftError as exc:
         label = "verify failed" if isinstance(exc, VerificationError) else "error"
         typer.echo(f"{label} [{type(exc).__name__}]: {exc.one_line()}", err=True)
@@ -40,11 +45,13 @@ def verify_command(
             "ok": True, "principal": result.principal, "fingerprint": result.fingerprint,
             "root_digest": result.root_digest, "files": len(result.manifest.files),
             "profile": result.profile, "verdict": result.verdict,
-            "git_commit": result.git_commit,
+            "git_commit": result.git_commit, "tree_digest": result.tree_digest,
+            "code_matches": None if code is None else True,
         }, indent=2))
     typer.echo(
         f"k3ft verify: OK: {len(result.manifest.files)} files, root sha256 {result.root_digest}, "
-        f"signed by {result.principal} ({result.fingerprint}), verdict {result.verdict}",
+        f"signed by {result.principal} ({result.fingerprint}), verdict {result.verdict}"
+        + (f"; code at {code} matches (tree sha256 {code_digest[:16]})" if code_digest else ""),
         err=True,
     )
     raise typer.Exit(EXIT_PASS)
