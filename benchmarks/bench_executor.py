@@ -114,7 +114,8 @@ def main() -> int:
     w = random_model(cfg, args.depth, device="cuda", num_experts=args.experts)
     ceiling = copy_ceiling_tbs()
     out: dict = {"tp": args.tp, "depth": args.depth, "experts": args.experts,
-                 "side_stream": args.side_stream, "ceiling_tbs": ceiling, "layers": [], "steps": [], "agreement": None}
+                 "side_stream": args.side_stream, "ceiling_tbs": ceiling, "layers": [],
+                 "steps": [], "agreement": None}
     batches = [int(b) for b in args.batches.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
     long_batches = {int(b) for b in args.long_batches.split(",")}

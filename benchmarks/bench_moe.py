@@ -20,6 +20,7 @@ import json
 
 import torch
 
+from backend.k3_decode.executor.measure import profiled_kernels
 from backend.k3_decode.ops.gemv.timing import frac, row, sets_for, time_rotated
 from backend.k3_decode.ops.moe import moe_experts
 from backend.k3_decode.reference.mxfp4 import e2m1_table
@@ -49,20 +50,11 @@ def torch_moe(z, w, ids, w13, s13, w2, s2, lut):
 
 def kernel_split(calls: list) -> dict[str, float]:
     """Median device time (us) per kernel (w13, w2) over one eager call per rotated set."""
-    from torch.profiler import ProfilerActivity, profile
-
-    for c in calls:  # warm (compiled already; this fills the caches the timed calls see)
-        c()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for c in calls:
-            c()
-        torch.cuda.synchronize()
     durs: dict[str, list[float]] = {}
-    for ev in prof.events():
+    for name, us in profiled_kernels(lambda: [c() for c in calls]):
         for key in ("moe_w13", "moe_w2"):
-            if key in ev.name and ev.device_type.name == "CUDA":
-                durs.setdefault(key, []).append(ev.time_range.elapsed_us())
+            if key in name:
+                durs.setdefault(key, []).append(us)
     return {k: sorted(v)[len(v) // 2] for k, v in durs.items()}
 
 

@@ -27,6 +27,7 @@ from backend.k3_decode.executor.runner import Executor
 from backend.k3_decode.executor.state import blocks_needed, make_caches, synthetic_step
 from backend.k3_decode.executor.torch_ops import TorchOps
 from backend.k3_decode.executor.weights import random_model
+from backend.k3_decode.reference.moe import route
 from backend.k3_decode.testing import flipped_requests, record_case
 from backend.k3_decode.trace import TraceWriter
 
@@ -70,9 +71,8 @@ def _run(ex: Executor, inp) -> tuple[torch.Tensor, dict[int, torch.Tensor],
     def hook(i, ws) -> None:
         seen[i] = ws.ffn[:t].double().clone()
         if hasattr(ffn[i], "gate_w"):
-            score = (torch.sigmoid(ws.h[:t].double() @ ffn[i].gate_w.double().T)
-                     + ffn[i].bias.double())
-            routes[i] = score.topk(top_k, dim=-1).indices.sort(dim=-1).values
+            _, ids = route(ws.h[:t], ffn[i].gate_w, ffn[i].bias, top_k)
+            routes[i] = ids.sort(dim=-1).values
 
     logits = decode_step(ex.ops, ex.weights, ex.caches, inp, ex.ws, hook)
     return logits.double().clone(), seen, routes

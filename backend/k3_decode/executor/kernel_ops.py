@@ -23,6 +23,7 @@ from backend.k3_decode.config import K3Config
 from backend.k3_decode.executor.state import KdaCache, MlaCache, StepInputs
 from backend.k3_decode.executor.torch_ops import rms, situ_glu, write_latent_rows
 from backend.k3_decode.executor.weights import DenseWeights, KdaWeights, MlaWeights, MoeWeights
+from backend.k3_decode.ops.moe.op import MAX_TOKENS as MOE_MAX_TOKENS
 
 
 def torch_rms_glu_prep(a: torch.Tensor | None, a_weight: torch.Tensor | None,
@@ -81,7 +82,7 @@ class KernelOps:
         the kernels leave them at zero."""
         if dev not in self._counters:
             self._counters[dev] = (torch.zeros(4, dtype=torch.int32, device=dev),
-                                   torch.zeros(64, dtype=torch.int32, device=dev))
+                                   torch.zeros(MOE_MAX_TOKENS, dtype=torch.int32, device=dev))
         return self._counters[dev]
 
     def embed(self, table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

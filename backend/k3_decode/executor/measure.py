@@ -56,8 +56,9 @@ def graph_us(g: torch.cuda.CUDAGraph, reps: int = 30) -> float:
     return statistics.median(ts)
 
 
-def kernels_in(fn: Any) -> list[str]:
-    """Names of the GPU kernels ``fn()`` launches (torch profiler, eager)."""
+def profiled_kernels(fn: Any) -> list[tuple[str, float]]:
+    """``(name, device us)`` of each GPU kernel ``fn()`` launches, in order (torch profiler, eager;
+    ``fn`` runs once unprofiled first, so compiles and first-touch allocations stay out)."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -65,8 +66,13 @@ def kernels_in(fn: Any) -> list[str]:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type.name == "CUDA"
-            and not e.name.startswith(("Memcpy", "Memset"))]
+    return [(e.name, e.time_range.elapsed_us()) for e in prof.events()
+            if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset"))]
+
+
+def kernels_in(fn: Any) -> list[str]:
+    """Names of the GPU kernels ``fn()`` launches (``profiled_kernels``)."""
+    return [name for name, _ in profiled_kernels(fn)]
 
 
 def layer_kernels(ex: Executor, pos: int, inp: StepInputs) -> list[str]:

@@ -34,6 +34,19 @@ def target_arch() -> str:
     return "sm_100a"
 
 
+_TICKETS: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+
+def ticket_counter(op: str, dev: torch.device, n: int) -> torch.Tensor:
+    """The op's default int32 ticket counters on `dev` (`n` of them), made once. A kernel that
+    elects its last CTA by ticket leaves them at zero between launches; launches in flight at
+    the same time need counters of their own (the ops take `counter=`)."""
+    key = (op, dev)
+    if key not in _TICKETS:
+        _TICKETS[key] = torch.zeros(n, dtype=torch.int32, device=dev)
+    return _TICKETS[key]
+
+
 def need(cond: bool, err: type[Exception], op: str, msg: str) -> None:
     """Raise `err(f"{op}: {msg}")` unless `cond`."""
     if not cond:

@@ -202,12 +202,12 @@ def moe_w2_kernel(act: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer,
     lane = cute.arch.lane_idx()
     warp = cute.arch.warp_idx()
     rb, tok, _ = cute.arch.block_idx()
-    nb, _, _ = cute.arch.grid_dim()
     nw = min(top_k, W2_SLOT_WARPS)
     rounds = (top_k + nw - 1) // nw
     g = lane % 4
     per_lane = inter // CHUNK // 4
     rows = 8 * passes
+    nb = latent // rows  # CTAs per token (the grid's x size)
     r0 = rb * rows + lane // 4
     smem = SmemAllocator()
     xs = smem.allocate_tensor(F32, cute.make_layout((nw * inter,)), byte_alignment=16)
@@ -280,12 +280,11 @@ def moe_w2_kernel(act: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer,
             # a few L2 round trips, not one per element.
             cute.arch.fence_acq_rel_gpu()
             nt = nw * 32
-            nbc = latent // rows
             ss = F32(0.0)
-            for it in cutlass.range_constexpr((nbc + nt - 1) // nt):
+            for it in cutlass.range_constexpr((nb + nt - 1) // nt):
                 b = tid + it * nt
-                if b < nbc:
-                    ss += flat(part)[tok.to(I64) * nbc + b]
+                if b < nb:
+                    ss += flat(part)[tok.to(I64) * nb + b]
             sums[tid] = ss
             cute.arch.barrier()
             if warp == 0:

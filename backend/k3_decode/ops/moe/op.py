@@ -1,18 +1,19 @@
 """Torch-facing MXFP4 routed experts: checks before launch, cached compile, launch.
 
 `moe_experts(z, topk_w, topk_ids, w13, w13_scale, w2, w2_scale, out=None, beta=4.0,
-linear_beta=25.0)` returns `out [T, L]` bf16 = sum over the k slots (in a fixed order: deterministic) of
-`topk_w[t, s] * W2_e . SiTU-GLU(W13_e . z[t])`, e = topk_ids[t, s], with MXFP4 expert weights in
-vLLM 0.33.0's layout (see `backend/k3_decode/reference/mxfp4.py`):
+linear_beta=25.0)` returns `out [T, L]` bf16 = sum over the k slots (in a fixed order:
+deterministic) of `topk_w[t, s] * W2_e . SiTU-GLU(W13_e . z[t])`, e = topk_ids[t, s], with MXFP4
+expert weights in vLLM 0.33.0's layout (see `backend/k3_decode/reference/mxfp4.py`):
   z [T, L] bf16 (rows may be strided), topk_w [T, k] fp32, topk_ids [T, k] int32,
   w13 [E, 2I, L/2] uint8, w13_scale [E, 2I, L/32] uint8, w2 [E, L, I/2] uint8,
   w2_scale [E, L, I/32] uint8.
 Supported: L a multiple of 512, I a multiple of 128 (K3: L = 3584; I = 384 at TP8, 256 at TP16),
 k in 1..32 with I * min(k, 16) <= 10240 (the w2 kernel stages one activation row per warp in
-shared memory), I <= 1024 (<= 384 with `w2_passes=2`: beyond, ptxas spills), any E up to 4096 (896, 224, ...), T in 1..64. `act` (fp32 [T*k, I]) is the SiTU
-workspace (pass one to reuse it); `normalize=True` also takes an fp32 [T, L] row workspace and
-[T, L/8] partial sums from the caching allocator on every call, which `torch.cuda.graph` capture
-serves from the graph's private pool.
+shared memory), I <= 1024 (<= 384 with `w2_passes=2`: beyond, ptxas spills), any E up to 4096
+(896, 224, ...), T in 1..64. `act` (fp32 [T*k, I]) is the SiTU workspace (pass one to reuse
+it); `normalize=True` also takes an fp32 [T, L] row workspace and [T, L/8] partial sums from the
+caching allocator on every call, which `torch.cuda.graph` capture serves from the graph's private
+pool.
 
 The latent MoE's tail can ride on the w2 kernel (one launch fewer than a separate prep kernel):
 `normalize=True` writes `out[:, :L] = bf16(y * rsqrt(mean(y^2) + eps))` of the fp32 expert sum y
@@ -41,6 +42,7 @@ from backend.k3_decode.ops.gemv.common import (
     ptr,
     stream_of,
     target_arch,
+    ticket_counter,
 )
 
 OP = "moe_experts"
@@ -134,19 +136,9 @@ def compile_moe(key: MoeKey, extra_options: str = ""):
             fake_ptr(f32, 4), fake_ptr(f32, 4), fake_ptr(i32, 4), i32(1), i64(1), i64(1), i64(1),
             cuda.CUstream(0)]
     return cute.compile(moe_launch, *args, key.latent, key.inter, key.top_k, key.experts,
-                        key.beta, key.linear_beta, key.normalize, key.shared, key.eps, key.w2_passes,
+                        key.beta, key.linear_beta, key.normalize, key.shared, key.eps,
+                        key.w2_passes,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
-
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _counter(dev: torch.device) -> torch.Tensor:
-    """The per-device ticket counters of the norm epilogue (one per token, zero between
-    launches: each token's last CTA resets its own)."""
-    if dev not in _COUNTERS:
-        _COUNTERS[dev] = torch.zeros(MAX_TOKENS, dtype=torch.int32, device=dev)
-    return _COUNTERS[dev]
 
 
 def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
@@ -181,7 +173,7 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
     dev = z.device
     if normalize:
         if counter is None:
-            counter = _counter(dev)
+            counter = ticket_counter(OP, dev, MAX_TOKENS)  # one per token
         check_device(MoeInputError, OP, z, counter)
         ws = torch.empty(t, lat, dtype=torch.float32, device=dev)
         part = torch.empty(t, lat // (8 * w2_passes), dtype=torch.float32, device=dev)

@@ -23,6 +23,7 @@ from backend.k3_decode.ops.gemv.common import (
     ptr,
     stream_of,
     target_arch,
+    ticket_counter,
 )
 from backend.k3_decode.ops.gemv.op import pick_token_tile
 
@@ -87,16 +88,6 @@ def compile_router(key: RouterKey, extra_options: str = ""):
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _counter(dev: torch.device) -> torch.Tensor:
-    """The per-device ticket counter (zero between launches: the last CTA resets it)."""
-    if dev not in _COUNTERS:
-        _COUNTERS[dev] = torch.zeros(4, dtype=torch.int32, device=dev)
-    return _COUNTERS[dev]
-
-
 def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int = 16,
           scaling: float = 1.0, renormalize: bool = True, *,
           out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
@@ -113,7 +104,7 @@ def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int 
     check_tensor(RouterInputError, OP, "ids", ids, torch.int32, (t, top_k))
     check_tensor(RouterInputError, OP, "scores", scores, torch.float32, (t, e))
     if counter is None:
-        counter = _counter(dev)
+        counter = ticket_counter(OP, dev, 4)
     check_tensor(RouterInputError, OP, "counter", counter, torch.int32, tuple(counter.shape))
     check_device(RouterInputError, OP, weights, ids, scores, counter)
     key = RouterKey(k, e, top_k, pick_token_tile(t), bool(renormalize), float(scaling),
