@@ -76,10 +76,10 @@ def tree_digest(top: Path, paths: list[str]) -> str:
     for rel in sorted(paths):
         f = top / rel
         h.update(rel.encode() + b"\0")
-        if f.is_file() and not f.is_symlink():
-            h.update(hashlib.sha256(f.read_bytes()).digest())
-        elif f.is_symlink():
+        if f.is_symlink():
             h.update(b"link:" + os.readlink(f).encode())
+        elif f.is_file():
+            h.update(hashlib.sha256(f.read_bytes()).digest())
         else:
             h.update(b"<absent>")
     return h.hexdigest()

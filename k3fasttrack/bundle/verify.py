@@ -53,7 +53,7 @@ from k3fasttrack.bundle.manifest import (
 from k3fasttrack.bundle.sign import ATTESTATION_FILES, DSSE_NAME, SSHSIG_NAME
 from k3fasttrack.bundle.statement import Statement, parse_statement
 from k3fasttrack.errors import K3ftError
-from k3fasttrack.models.env import Environment
+from k3fasttrack.models.env import Environment, GitState
 from k3fasttrack.models.manifest import Manifest
 from k3fasttrack.models.reports import TIER_REPORT_ADAPTER, RunRecord, TierReport
 from k3fasttrack.models.verdict import Verdict
@@ -117,9 +117,9 @@ def verify_folder(root: Path, signers: list[AllowedSigner]) -> VerifiedBundle:
     manifest = _parse_manifest(manifest_raw, statement)
     _check_files(root, files, manifest)
     reports = _check_reports(root, manifest)
-    _check_claims(root, manifest, statement, reports)
     git = (_load(root, ENVIRONMENT, Environment).git
            if ENVIRONMENT in {f.path for f in manifest.files} else None)
+    _check_claims(root, manifest, statement, reports, git)
     return VerifiedBundle(
         manifest=manifest, principals=signer.principals, fingerprint=signer.fingerprint,
         root_digest=manifest.root_digest, profile=statement.profile,
@@ -273,9 +273,10 @@ def _check_reports(root: Path, manifest: Manifest) -> tuple[RunRecord, list[Tier
 
 
 def _check_claims(root: Path, manifest: Manifest, statement: Statement,
-                  checked: tuple[RunRecord, list[TierReport]]) -> None:
+                  checked: tuple[RunRecord, list[TierReport]], git: GitState | None) -> None:
     """The signed profile, verdict and commit agree with run.json, the reports (verdict
-    recomputed from them), verdict.json and environment.json where those are present."""
+    recomputed from them), verdict.json and environment.json's git state (``git``) where those
+    are present."""
     run, reports = checked
     if run.profile != statement.profile:
         raise SubjectMismatchError(
@@ -290,12 +291,11 @@ def _check_claims(root: Path, manifest: Manifest, statement: Statement,
         if written != outcome:
             raise SummaryMismatchError(
                 f"verdict.json says {written}, but the reports give {outcome}")
-    if ENVIRONMENT in listed and statement.git_commit is not None:
-        git = _load(root, ENVIRONMENT, Environment).git
-        if git is not None and git.commit is not None and git.commit != statement.git_commit:
-            raise SubjectMismatchError(
-                f"signed git commit {statement.git_commit[:12]} differs from environment.json "
-                f"commit {git.commit[:12]}")
+    if (statement.git_commit is not None and git is not None and git.commit is not None
+            and git.commit != statement.git_commit):
+        raise SubjectMismatchError(
+            f"signed git commit {statement.git_commit[:12]} differs from environment.json "
+            f"commit {git.commit[:12]}")
 
 
 def _load(root: Path, rel: str, model: type[_M]) -> _M:
