@@ -51,7 +51,7 @@ def settings() -> dict[str, int]:
         "seed": int(os.environ.get("K3FT_HARNESS_SEED", "0")),
         "shard_tp": int(os.environ.get("K3FT_HARNESS_SHARD_TP", "8")),
         "prep_kernel": int(os.environ.get("K3_DECODE_PREP", "kernel") != "torch"),
-        "kda_cluster": int(os.environ.get("K3_DECODE_KDA_CLUSTER", "0") == "1"),
+        "kda_cluster": int(os.environ.get("K3_DECODE_KDA_CLUSTER", "1") != "0"),
     }
 
 

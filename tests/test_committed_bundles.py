@@ -115,3 +115,26 @@ def test_h200_session3_bundle_keeps_its_crash_and_shows_ten_kernel_layers() -> N
     assert [re.sub(r"^kernel_cutlass_|_kernel_ptr.*$", "", n) for n, _ in layer1] == [
         "attn_res", "gemv", "kda_decode_cluster", "gemv", "attn_res", "router", "gemv",
         "moe_w13", "moe_w2", "gemv"]
+
+
+def test_h200_session4_bundle_passes_every_tier_that_ran() -> None:
+    """Session 4, run 13: the first kernel tier on the H200 with the fused MoE tail and the KDA
+    cluster fix that passed whole (402 cases, incl. the executor's agreement and kernel-count
+    tests, MoE at 896 and 224 experts, the prep kernels); perf and proof PASS; isolation NOT_RUN
+    (no base revision), hence INCOMPLETE. Its tree digest covers the tree that ran: the commit
+    minus three older bundle archives moved out to fit the 64 MiB device carry."""
+    archive = BUNDLES / "h200-executor-s4-2026-11-29/bundle.tar.gz"
+    env = _archive_json(archive, "environment.json")
+    assert env["gpus"][0]["name"] == "NVIDIA H200"
+    assert env["git"]["commit"].startswith("529635f") and len(env["git"]["tree_digest"]) == 64
+    assert all(p.startswith("bundles/") and p.endswith("bundle.tar.gz")
+               for p in env["git"]["changed"])
+    kernels = _archive_json(archive, "reports/kernels.json")
+    assert kernels["status"] == "PASS" and kernels["failed"] == 0 and kernels["passed"] >= 400
+    ops = {c["op"] for c in kernels["cases"]}
+    assert {"kda_decode", "mla_decode", "router", "moe_mxfp4", "gemv", "attn_res_norm",
+            "rms_glu_prep", "executor_agreement", "executor_kernels", "executor_layer",
+            "executor_side_stream"} <= ops
+    assert _archive_json(archive, "reports/perf.json")["status"] == "PASS"
+    assert _archive_json(archive, "reports/proof.json")["status"] == "PASS"
+    assert _archive_json(archive, "verdict.json")["outcome"] == "INCOMPLETE"

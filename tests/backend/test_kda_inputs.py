@@ -87,15 +87,18 @@ def test_unknown_variant(inp: dict) -> None:
         _call(inp, variant="warp")
 
 
-def test_auto_variant_keeps_to_the_cta_kernel_unless_asked(monkeypatch):
-    """"auto" picks the one-CTA kernel (the cluster kernel faulted on the H200, NOTES.md); the
-    measured cluster rule comes back with K3_DECODE_KDA_CLUSTER=1; explicit variants pass."""
+def test_auto_variant_follows_the_measured_rule(monkeypatch):
+    """"auto" picks the cluster kernel at q = 1 while heads * requests <= 132, else the one-CTA
+    kernel; K3_DECODE_KDA_CLUSTER=0 forces the one-CTA kernel; explicit variants pass."""
     from backend.k3_decode.ops.kda import pick_variant
 
     monkeypatch.delenv("K3_DECODE_KDA_CLUSTER", raising=False)
-    assert pick_variant("auto", 12, 1, 1) == "cta"
-    assert pick_variant("cluster", 12, 64, 4) == "cluster"
-    monkeypatch.setenv("K3_DECODE_KDA_CLUSTER", "1")
     assert pick_variant("auto", 12, 1, 1) == "cluster"
+    assert pick_variant("auto", 12, 11, 1) == "cluster"
+    assert pick_variant("auto", 12, 12, 1) == "cta"
+    assert pick_variant("cluster", 12, 64, 4) == "cluster"
+    assert pick_variant("cta", 12, 1, 1) == "cta"
     assert pick_variant("auto", 12, 64, 1) == "cta"
     assert pick_variant("auto", 12, 1, 4) == "cta"
+    monkeypatch.setenv("K3_DECODE_KDA_CLUSTER", "0")
+    assert pick_variant("auto", 12, 1, 1) == "cta"

@@ -29,19 +29,18 @@ CLUSTER_MAX_CTAS = 132  # "auto": the cluster variant while heads * requests fit
 
 
 def pick_variant(variant: str, heads: int, requests: int, q: int) -> str:
-    """Resolve "auto": one CTA per head ("cta"), unless ``K3_DECODE_KDA_CLUSTER=1``.
+    """Resolve "auto": the 4-CTA cluster kernel at q = 1 while heads * requests fit one wave of
+    SMs (<= 132), else one CTA per head ("cta"); ``K3_DECODE_KDA_CLUSTER=0`` forces "cta".
 
-    Measured on the H200 (backend/NOTES.md): the 4-CTA cluster kernel is faster while
-    heads * requests <= 132 at q = 1 (5.6 vs 7.9 us at 12 heads, batch 1), the CTA kernel at
-    larger batches and for every verify step (q > 1). But the cluster kernel hit an illegal
-    memory access on the H200 (2026-11-29, session 3: reproducible after the executor's GPU tests
-    in one process, never alone). The likely cause (8 threads indexing norm_w / out_gate at -8..-1)
-    is fixed in kernel_cluster.py but has not run on a GPU yet (NOTES.md), so "auto" keeps to the
-    CTA kernel; ``K3_DECODE_KDA_CLUSTER=1`` restores the measured rule, for benchmarks.
+    Measured on the H200 (backend/NOTES.md): the cluster kernel is faster while heads * requests
+    <= 132 at q = 1 (5.6 vs 7.9 us at 12 heads, batch 1), the CTA kernel at larger batches and
+    for every verify step (q > 1). The cluster kernel's illegal-address fault of session 3
+    (8 threads indexing norm_w / out_gate at -8..-1) is fixed; its tests and the executor's
+    passed on the H200 in session 4 (NOTES.md).
     """
     if variant != "auto":
         return variant
-    if os.environ.get("K3_DECODE_KDA_CLUSTER", "0") != "1":
+    if os.environ.get("K3_DECODE_KDA_CLUSTER", "1") == "0":
         return "cta"
     return "cluster" if q == 1 and heads * requests <= CLUSTER_MAX_CTAS else "cta"
 
