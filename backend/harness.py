@@ -52,6 +52,7 @@ def settings() -> dict[str, int]:
         "shard_tp": int(os.environ.get("K3FT_HARNESS_SHARD_TP", "8")),
         "prep_kernel": int(os.environ.get("K3_DECODE_PREP", "kernel") != "torch"),
         "kda_cluster": int(os.environ.get("K3_DECODE_KDA_CLUSTER", "1") != "0"),
+        "router_front": int(os.environ.get("K3_DECODE_ROUTER_FRONT", "1") != "0"),
     }
 
 

@@ -4,6 +4,9 @@ Per K3 shard shape and batch: median us per call (CUDA-graph replay, weights rot
 random inputs), bytes (weights + x + out), TB/s and fraction of the 4.18 TB/s ceiling, and
 torch.mm (cuBLAS) measured the same way in the same run. Run:
   python3 benchmarks/bench_gemv.py [--quick] [--json out.json]
+  python3 benchmarks/bench_gemv.py --sweep --batches 3,4,8,16 [--json out.json]
+`--sweep`: every kernel choice per shape and batch (SIMT; tensor cores with split-K 1/2/4/8),
+the data behind `ops.gemv.op`'s per-batch table.
 """
 
 from __future__ import annotations
@@ -26,19 +29,33 @@ SHAPES = [  # (name, N, K)
 BATCHES = [1, 2, 8, 16, 64]
 
 
-def bench_gemv(name: str, n: int, k: int, t: int) -> dict:
-    """Ours vs torch.mm on rotated weight sets."""
+def bench_gemv(name: str, n: int, k: int, t: int,
+               choices: tuple[tuple[str, int | None], ...] = (("auto", None),)) -> list[dict]:
+    """Ours (each `(variant, splits)` choice) vs torch.mm on rotated weight sets."""
     wbytes = n * k * 2
     sets = sets_for(wbytes)
     ws = [torch.randn(n, k, device="cuda").mul_(0.02).to(torch.bfloat16) for _ in range(sets)]
     xs = [torch.randn(t, k, device="cuda").to(torch.bfloat16) for _ in range(sets)]
     outs = [torch.empty(t, n, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
-    ours = time_rotated([lambda i=i: gemv(xs[i], ws[i], outs[i]) for i in range(sets)])
     base = time_rotated([lambda i=i: torch.mm(xs[i], ws[i].t(), out=outs[i])
                          for i in range(sets)])
     nbytes = wbytes + t * k * 2 + t * n * 2
-    return {"op": "gemv", "name": name, "n": n, "k": k, "t": t, "us": ours, "bytes": nbytes,
-            "base_us": base}
+    rows = []
+    for variant, splits in choices:
+        ours = time_rotated([lambda i=i, v=variant, s=splits: gemv(xs[i], ws[i], outs[i],
+                                                                   variant=v, splits=s)
+                             for i in range(sets)])
+        rows.append({"op": "gemv", "name": name, "n": n, "k": k, "t": t, "us": ours,
+                     "bytes": nbytes, "base_us": base, "variant": variant, "splits": splits})
+    return rows
+
+
+def sweep_choices(k: int, t: int) -> tuple[tuple[str, int | None], ...]:
+    """SIMT, then the tensor-core kernel at every split-K it supports for this K and batch."""
+    from backend.k3_decode.ops.gemv.op import max_splits, pick_token_tile
+
+    top = max_splits(pick_token_tile(t, "mma"), k)
+    return (("simt", None),) + tuple(("mma", s) for s in (1, 2, 4, 8) if s <= top)
 
 
 def bench_attn_res(t: int, num_blocks: int = 8, h: int = 7168) -> dict:
@@ -74,18 +91,35 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer shapes and batches")
     ap.add_argument("--json", help="write the rows as JSON here")
+    ap.add_argument("--sweep", action="store_true",
+                    help="every kernel choice (SIMT, MMA split-K 1/2/4/8) per shape and batch")
+    ap.add_argument("--batches", help="comma-separated batches (default: per mode)")
+    ap.add_argument("--only", help="only the shapes whose name contains this text")
     args = ap.parse_args()
     shapes = SHAPES[:5] + SHAPES[5:6] if args.quick else SHAPES
+    if args.only:
+        shapes = [s for s in shapes if args.only in s[0]]
     batches = [1, 2, 8, 16, 64] if args.quick else BATCHES
-    rows = [bench_gemv(nm, n, k, t) for nm, n, k in shapes for t in batches]
-    rows += [bench_attn_res(t) for t in (1, 8, 64)]
-    print(row(["op", "shape", "T", "ours us", "MB", "TB/s", "of 4.18", "torch us", "speed-up"]))
-    print(row(["---"] * 9))
+    if args.batches:
+        batches = [int(b) for b in args.batches.split(",")]
+    rows = []
+    for nm, n, k in shapes:
+        for t in batches:
+            rows += bench_gemv(nm, n, k, t, sweep_choices(k, t) if args.sweep
+                               else (("auto", None),))
+    if not args.sweep:
+        rows += [bench_attn_res(t) for t in (1, 8, 64)]
+    print(row(["op", "shape", "T", "kernel", "ours us", "MB", "TB/s", "of 4.18", "torch us",
+               "speed-up"]))
+    print(row(["---"] * 10))
     for r in rows:
         tbs, pct = frac(r["bytes"], r["us"])
         shape = f'{r["name"]} {r["n"]}x{r["k"]}' if r["k"] else r["name"]
-        print(row([r["op"], shape, r["t"], f'{r["us"]:.1f}', f'{r["bytes"] / 1e6:.1f}', tbs, pct,
-                   f'{r["base_us"]:.1f}', f'{r["base_us"] / r["us"]:.2f}']))
+        kern = r.get("variant", "-")
+        if r.get("splits"):
+            kern += f' split {r["splits"]}'
+        print(row([r["op"], shape, r["t"], kern, f'{r["us"]:.1f}', f'{r["bytes"] / 1e6:.1f}',
+                   tbs, pct, f'{r["base_us"]:.1f}', f'{r["base_us"] / r["us"]:.2f}']))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(rows, fh, indent=1)

@@ -21,6 +21,17 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # Test aid: when set, the vLLM plugin's register() appends one line to this file per process,
     # proving the plugin loaded. Off by default.
     "K3_DECODE_PLUGIN_MARKER": lambda: os.environ.get("K3_DECODE_PLUGIN_MARKER", ""),
+    # Kernel choices (read when an executor's ops are made, or per KDA call), each defaulting to
+    # the variant measured fastest on the H200 (backend/NOTES.md); for A/B benchmarks and
+    # fallbacks. "torch": the MoE tail / MLA q-norm + cache insert run as torch ops instead of
+    # the prep kernels and the w2 epilogue.
+    "K3_DECODE_PREP": lambda: os.environ.get("K3_DECODE_PREP", "kernel"),
+    # "0": the KDA op's "auto" always picks the one-CTA kernel (default: the 4-CTA cluster kernel
+    # at q = 1 while heads x requests <= 132).
+    "K3_DECODE_KDA_CLUSTER": lambda: os.environ.get("K3_DECODE_KDA_CLUSTER", "1") != "0",
+    # "0": the router and the MoE front projection are two launches at every batch (default: one
+    # launch at 1-2 tokens).
+    "K3_DECODE_ROUTER_FRONT": lambda: os.environ.get("K3_DECODE_ROUTER_FRONT", "1") != "0",
 }
 
 

@@ -127,27 +127,42 @@ NEAR_TIE_EXPERTS = 2
 """A route that differs from float64's in at most this many experts (of 16) is a near-tie flip."""
 
 
-def flipped_requests(routes: dict[int, torch.Tensor], ref: dict[int, torch.Tensor], upto: int,
-                      q: int) -> tuple[torch.Tensor, int]:
-    """Requests excused from layer `upto` on, and the largest first-divergence difference.
+def flipped_tokens(routes: dict[int, torch.Tensor], ref: dict[int, torch.Tensor], upto: int,
+                   q: int) -> tuple[torch.Tensor, int]:
+    """Tokens excused from layer `upto` on (a [T] bool mask), and the largest first-divergence
+    difference.
 
-    A request is excused once one of its tokens picks an expert set that differs from float64's
-    by 1..NEAR_TIE_EXPERTS experts (a near-tie decided by bf16 noise: the token, and through the
-    KDA state and MLA cache its request's later tokens, leave float64 whichever bf16 path runs;
-    both executors do it, H200 runs 4-7). A request whose first divergence swaps more experts
-    (what a corrupted hidden state does) is NOT excused: its error stays in the comparison."""
-    reqs = next(iter(ref.values())).shape[0] // q
+    A token is excused once it, or an earlier token of its request (positions j' <= j of a
+    verify step: the KDA state and the MLA cache carry a token's change to the later ones, never
+    to the earlier ones), picks an expert set that differs from float64's by 1..NEAR_TIE_EXPERTS
+    experts: a near-tie decided by bf16 noise, which takes the token away from float64 whichever
+    bf16 path runs (both executors do it, H200 runs 4-7, 15). A token whose first divergence
+    swaps more experts (what a corrupted hidden state does) is NOT excused: its error stays in
+    the comparison."""
+    t = next(iter(ref.values())).shape[0]
+    reqs = t // q
     dev = next(iter(ref.values())).device
-    excused = torch.zeros(reqs, dtype=torch.bool, device=dev)
-    decided = torch.zeros(reqs, dtype=torch.bool, device=dev)
+    excused = torch.zeros(reqs, q, dtype=torch.bool, device=dev)
+    decided = torch.zeros(reqs, q, dtype=torch.bool, device=dev)
     worst = 0
     for i in sorted(ref):
         if i > upto:
             break
         common = (routes[i][:, :, None] == ref[i][:, None, :]).any(-1).sum(-1)
-        diff = (ref[i].shape[1] - common).view(reqs, q).max(dim=-1).values
+        diff = (ref[i].shape[1] - common).view(reqs, q)
         first = (diff > 0) & ~decided
         worst = max(worst, int(diff[first].max()) if bool(first.any()) else 0)
         excused |= first & (diff <= NEAR_TIE_EXPERTS)
         decided |= diff > 0
-    return excused, worst
+        # an earlier token's divergence reaches every later token of its request
+        excused = excused.int().cummax(dim=-1).values.bool() & ~(decided & ~excused)
+        decided = decided.int().cummax(dim=-1).values.bool()
+    return excused.view(t), worst
+
+
+def flipped_requests(routes: dict[int, torch.Tensor], ref: dict[int, torch.Tensor], upto: int,
+                     q: int) -> tuple[torch.Tensor, int]:
+    """Requests with at least one excused token (`flipped_tokens`), and the largest
+    first-divergence difference."""
+    tokens, worst = flipped_tokens(routes, ref, upto, q)
+    return tokens.view(-1, q).any(dim=-1), worst

@@ -271,3 +271,24 @@ def test_flipped_requests_excuses_near_ties_only() -> None:
     assert not excused.any() and worst == 0
     late = {1: ref[1], 3: l3}  # request 2's first divergence is at layer 3, and it is large
     assert flipped_requests(late, ref, 3, 2)[0].tolist() == [False, False, False, True]
+
+
+def test_flipped_tokens_excuses_a_near_tie_and_the_later_tokens_of_its_request() -> None:
+    """Token granularity (verify steps, q = 4): a near-tie flip at token 2 excuses tokens 2 and 3
+    of that request (the KDA state / MLA cache carry it forward), never tokens 0 and 1; a large
+    first divergence is not excused and keeps the later tokens in the comparison too."""
+    from backend.k3_decode.testing import flipped_tokens
+
+    ref = {1: torch.arange(16).repeat(8, 1), 2: torch.arange(16).repeat(8, 1)}
+    l1, l2 = ref[1].clone(), ref[2].clone()
+    l1[2, 0] = 99  # request 0, token 2: one expert at layer 1
+    l1[5] = torch.arange(40, 56)  # request 1, token 1 (row 5): a different set at layer 1
+    l2[6, :2] = torch.tensor([70, 71])  # request 1, token 2: two experts, but after token 1
+    routes = {1: l1, 2: l2}
+    excused, worst = flipped_tokens(routes, ref, 1, 4)
+    assert excused.tolist() == [False, False, True, True, False, False, False, False]
+    assert worst == 16
+    excused, _ = flipped_tokens(routes, ref, 2, 4)
+    assert excused.tolist() == [False, False, True, True, False, False, False, False]
+    late = {1: ref[1], 2: l2}  # without token 1's corruption, token 2's 2-expert flip is excused
+    assert flipped_tokens(late, ref, 2, 4)[0].tolist() == [False] * 6 + [True, True]

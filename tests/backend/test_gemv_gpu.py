@@ -30,16 +30,17 @@ def _inputs(n: int, k: int, t: int, seed: int, row_pad: int = 0):
     return x, w
 
 
-def _check(n: int, k: int, t: int, variant: str) -> None:
+def _check(n: int, k: int, t: int, variant: str, splits: int | None = None) -> None:
     from backend.k3_decode.ops.gemv import gemv, pick_variant
 
     x, w = _inputs(n, k, t, seed=n + k + t)
     out = poison_(torch.empty(t, n, dtype=torch.bfloat16, device="cuda"))
-    gemv(x, w, out, variant=variant)
+    gemv(x, w, out, variant=variant, splits=splits)
     torch.cuda.synchronize()
     ref = x.double() @ w.double().T
-    ok, msg = check_and_record(OP, f"{pick_variant(variant, t)}/n{n}/k{k}/t{t}", out, ref, 2e-2,
-                               2e-2, REL_FRO[torch.bfloat16])
+    tag = "" if splits is None else f"/split{splits}"
+    ok, msg = check_and_record(OP, f"{pick_variant(variant, t, n, k)}{tag}/n{n}/k{k}/t{t}", out, ref,
+                               2e-2, 2e-2, REL_FRO[torch.bfloat16])
     assert ok, msg
 
 
@@ -55,10 +56,35 @@ def test_gemv_both_variants(n: int, k: int, t: int) -> None:
     """The variant "auto" did not pick for these batches: SIMT at 3+ rows, MMA at every tile."""
     from backend.k3_decode.ops.gemv import pick_variant
 
-    other = "simt" if pick_variant("auto", t) == "mma" else "mma"
+    other = "simt" if pick_variant("auto", t, n, k) == "mma" else "mma"
     _check(n, k, t, other)
     if (n, k, t) not in CASES:
         _check(n, k, t, "auto")
+
+
+@pytest.mark.parametrize("n,k,t", [(6288, 7168, 8), (7168, 1536, 13), (7168, 384, 5),
+                                   (896, 7168, 64), (3216, 7168, 33), (1536, 7168, 16),
+                                   (7168, 128, 3)])
+def test_gemv_mma_every_split(n: int, k: int, t: int) -> None:
+    """The tensor-core kernel at every split-K it supports for this K and token tile (1, 2, 4,
+    8 warps per CTA, partials added in warp order), odd batches and N not a tile multiple."""
+    from backend.k3_decode.ops.gemv.op import max_splits, pick_token_tile
+
+    top = max_splits(pick_token_tile(t, "mma"), k)
+    for splits in (1, 2, 4, 8):
+        if splits <= top:
+            _check(n, k, t, "mma", splits)
+
+
+def test_gemv_split_k_is_deterministic() -> None:
+    """Split-K adds the warps' partials in a fixed order: two launches are bit-identical."""
+    from backend.k3_decode.ops.gemv import gemv
+
+    x, w = _inputs(6288, 7168, 8, seed=3)
+    a = gemv(x, w, variant="mma", splits=8)
+    b = gemv(x, w, variant="mma", splits=8)
+    torch.cuda.synchronize()
+    assert torch.equal(a, b)
 
 
 def test_gemv_fp32_out_and_strided_x() -> None:

@@ -130,3 +130,33 @@ def test_router_cuda_graph_replays_new_inputs() -> None:
         ok, msg = check_and_record(OP, f"e896/b8/graph_replay{i}/weights", out[0],
                                    chosen / chosen.sum(-1, keepdim=True), 1e-6, 1e-4)
         assert ok and ids_ok, msg
+
+
+@pytest.mark.parametrize("batch", [1, 2, 5])
+def test_router_with_front_projection(batch: int) -> None:
+    """Router + MoE front projection in one launch (the executor's path at 1-2 tokens): scores,
+    ids and weights bit-equal to the plain router launch (same per-row dot products), and
+    `front_out` = x @ front.T against float64 (bf16 output tolerance); x strided, outputs
+    NaN-poisoned, 896 experts and the TP8 front rows (latent 3584 + shared gate_up 1536)."""
+    from backend.k3_decode.ops.router import route
+
+    inp = make_inputs(batch, 896, seed=40 + batch, row_pad=256)
+    g = torch.Generator(device="cpu").manual_seed(77 + batch)
+    front = (torch.randn(3584 + 1536, HIDDEN, generator=g) * 0.02).to(torch.bfloat16).cuda()
+    want = run_kernel(inp)
+    out = (poison_(torch.empty(batch, 16, device="cuda")),
+           poison_(torch.empty(batch, 16, dtype=torch.int32, device="cuda")),
+           poison_(torch.empty(batch, 896, device="cuda")))
+    fo = poison_(torch.empty(batch, front.shape[0] + 64, dtype=torch.bfloat16,
+                             device="cuda"))[:, : front.shape[0]]
+    got = route(inp["x"], inp["gate_w"], inp["bias"], out=out, front=front, front_out=fo)
+    torch.cuda.synchronize()
+    assert got[3] is fo
+    same = all(torch.equal(a, b) for a, b in zip(got[:3], want))
+    record_case(op=OP, case=f"e896/b{batch}/with_front/routing_bitwise", dtype="float32",
+                max_abs_err=float((got[2] - want[2]).abs().max()), max_rel_err=0.0, atol=0.0,
+                rtol=0.0, passed=same)
+    assert same
+    ref = inp["x"].double() @ front.double().T
+    ok, msg = check_and_record(OP, f"e896/b{batch}/with_front/front_out", fo, ref, 2e-3, 1e-2)
+    assert ok, msg

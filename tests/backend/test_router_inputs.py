@@ -48,6 +48,27 @@ def test_router_rejects_misaligned_rows():
         check_inputs(x, torch.zeros(224, 7168, dtype=BF), torch.zeros(224), 16)
 
 
+@pytest.mark.parametrize("front,front_out,match", [
+    (None, "ok", "front_out given without front"),
+    (torch.zeros(5120, 4096, dtype=BF), None, r"front must have shape \(5120, 7168\)"),
+    (torch.zeros(5120, 7168), None, "front must be torch.bfloat16"),
+    (torch.zeros(7168, dtype=BF), None, r"front must be \[N, K\]"),
+    ("ok", torch.zeros(2, 5000, dtype=BF), r"front_out must have shape \(2, 5120\)"),
+    ("ok", torch.zeros(2, 5120), "front_out must be torch.bfloat16"),
+    ("ok", None, "needs CUDA tensors"),
+])
+def test_router_front_checks(front, front_out, match):
+    """The optional front projection (router + front GEMV in one launch) is checked before any
+    compile: shape and dtype of the weight and of the output; a valid pair stops only at the
+    device check on this CPU machine."""
+    x, w, b = torch.zeros(2, 7168, dtype=BF), torch.zeros(224, 7168, dtype=BF), torch.zeros(224)
+    ok = torch.zeros(5120, 7168, dtype=BF)
+    front = ok if isinstance(front, str) else front
+    front_out = torch.zeros(2, 5120, dtype=BF) if isinstance(front_out, str) else front_out
+    with pytest.raises(RouterInputError, match=match):
+        route(x, w, b, front=front, front_out=front_out)
+
+
 def test_gemv_checks():
     x, w = torch.zeros(2, 1536, dtype=BF), torch.zeros(7168, 1536, dtype=BF)
     with pytest.raises(GemvInputError, match="needs CUDA tensors"):
@@ -63,6 +84,40 @@ def test_gemv_checks():
         gemv_check(x, torch.zeros(1536, 7168, dtype=BF).T, torch.zeros(2, 7168, dtype=BF))
     with pytest.raises(GemvInputError, match="w must have shape"):
         gemv_check(x, torch.zeros(7168, 1024, dtype=BF), torch.zeros(2, 7168, dtype=BF))
+
+
+def test_split_k_table_and_checks():
+    """Split-K of the tensor-core GEMV: whole k-blocks per warp, partials within 32 KB of shared
+    memory; an unsupported request is refused before anything runs."""
+    from backend.k3_decode.ops.gemv.op import max_splits, pick_splits
+    from backend.k3_decode.ops.gemv.tiling import mma_tiling, valid_splits
+
+    assert valid_splits(7168) == (1, 2, 4, 8) and valid_splits(384) == (1, 2, 4)
+    assert [max_splits(tt, 7168) for tt in (8, 16, 32, 64)] == [8, 8, 8, 4]
+    assert max_splits(8, 384) == 4
+    for tt in (8, 16, 32, 64):
+        for k in (128, 384, 768, 1536, 7168):
+            s = pick_splits(tt, k)
+            assert s in valid_splits(k) and s <= max_splits(tt, k)
+            gk = mma_tiling(tt, k, s)[2]
+            assert (k // 32 // s) % gk == 0
+    x, w = torch.zeros(4, 1536, dtype=BF), torch.zeros(64, 1536, dtype=BF)
+    with pytest.raises(GemvInputError, match="splits=3"):
+        gemv(x, w, splits=3)
+
+
+def test_auto_variant_table():
+    """SIMT at 1-2 rows, and at 3-4 rows for few long rows; tensor cores otherwise."""
+    from backend.k3_decode.ops.gemv.op import pick_variant
+
+    assert pick_variant("auto", 2, 6288, 7168) == "simt"
+    assert pick_variant("auto", 3, 6288, 7168) == "mma"
+    assert pick_variant("auto", 4, 896, 7168) == "simt"
+    assert pick_variant("auto", 4, 1536, 7168) == "simt"
+    assert pick_variant("auto", 8, 896, 7168) == "mma"
+    assert pick_variant("auto", 3, 7168, 1536) == "mma"
+    assert pick_variant("auto", 3, 1536, 1536) == "mma"
+    assert pick_variant("mma", 1) == "mma" and pick_variant("simt", 64) == "simt"
 
 
 def test_token_tile_table():

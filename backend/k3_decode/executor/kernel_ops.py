@@ -1,28 +1,29 @@
 """The specialized executor's ops: our CuTe DSL kernels, nothing from torch on the hot path but
 the embedding gather.
 
-Per KDA + MoE layer (10 launches): AttnRes+norm, input projection (GEMV), fused KDA, o_proj,
-AttnRes+norm, router, front projection ``[latent down ; shared gate_up]``, MXFP4 experts (2: the
-w2 kernel also writes the latent RMSNorm and the shared experts' SiTU-GLU; with
-``K3_DECODE_PREP=torch`` a torch prep does that instead), tail projection
+Per KDA + MoE layer (9 launches at 1-2 tokens, 10 from 3): AttnRes+norm, input projection
+(GEMV), fused KDA, o_proj, AttnRes+norm, router + front projection ``[latent down ; shared
+gate_up]`` (one launch while the GEMV would use its SIMT kernel, i.e. 1-2 tokens; from 3 tokens
+the router and the tensor-core front GEMV are two launches; ``K3_DECODE_ROUTER_FRONT=0`` keeps
+them apart always), MXFP4 experts (2: the w2 kernel also writes the latent RMSNorm and the shared
+experts' SiTU-GLU; with ``K3_DECODE_PREP=torch`` a torch prep does that instead), tail projection
 ``[up * norm_w | shared down]`` (the routed output and the shared experts are summed inside that
-one GEMV). With
-``side_stream=True`` the router runs on a second stream beside the front projection (joined
-before the experts). The MLA layer: two projections (``q_a|kv_a`` and the gate, so that each
+one GEMV). With ``side_stream=True`` a separate router runs on a second stream beside the front
+projection (joined before the experts). The MLA layer: two projections (``q_a|kv_a`` and the gate, so that each
 output is contiguous), q_a RMSNorm, fused kv RMSNorm + cache insert, two q_b projections
 (nope / pe rows), the three-kernel MLA decode, o_proj. Dense layer 0: gate_up, SiTU, down.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from backend.k3_decode import envs
 from backend.k3_decode.config import K3Config
 from backend.k3_decode.executor.state import KdaCache, MlaCache, StepInputs
 from backend.k3_decode.executor.torch_ops import rms, situ_glu, write_latent_rows
 from backend.k3_decode.executor.weights import DenseWeights, KdaWeights, MlaWeights, MoeWeights
+from backend.k3_decode.ops.gemv.op import SIMT_MAX_TOKENS
 from backend.k3_decode.ops.moe.op import MAX_TOKENS as MOE_MAX_TOKENS
 
 
@@ -64,7 +65,7 @@ class KernelOps:
         from backend.k3_decode.ops.router import route
 
         self.cfg = cfg
-        self._torch_prep = os.environ.get("K3_DECODE_PREP", "kernel") == "torch"
+        self._torch_prep = envs.K3_DECODE_PREP == "torch"
         if self._torch_prep:  # fallback, see NOTES.md
             rms_glu_prep, mla_kv_insert = torch_rms_glu_prep, torch_mla_kv_insert
         self._gemv, self._kda, self._mla, self._moe = gemv, kda_decode, mla_decode, moe_experts
@@ -72,6 +73,8 @@ class KernelOps:
                                                                  rms_glu_prep, mla_kv_insert)
         self.max_context = max_context
         self._side = torch.cuda.Stream() if side_stream else None
+        self._router_front = envs.K3_DECODE_ROUTER_FRONT
+        self._simt_rows = SIMT_MAX_TOKENS
         self.skip_experts = False
         """Benchmark aid: skip the routed experts (the latent goes straight to the norm)."""
         self._counters: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -139,7 +142,10 @@ class KernelOps:
         mo, lat = self.cfg.moe, self.cfg.moe.latent_dim
         front, tail = w.packed()
         c_route, c_moe = self.counters(h.device)
-        if self._side is not None:
+        if self._router_front and h.shape[0] <= self._simt_rows:  # one launch for both
+            wts, ids, _, fr = self._route(h, w.gate_w, w.bias, mo.top_k,
+                                          mo.routed_scaling_factor, counter=c_route, front=front)
+        elif self._side is not None:
             main = torch.cuda.current_stream(h.device)
             self._side.wait_stream(main)
             with torch.cuda.stream(self._side):

@@ -75,13 +75,18 @@ def kernels_in(fn: Any) -> list[str]:
     return [name for name, _ in profiled_kernels(fn)]
 
 
-def layer_kernels(ex: Executor, pos: int, inp: StepInputs) -> list[str]:
-    """Kernels of one eager layer step."""
+def layer_kernel_times(ex: Executor, pos: int, inp: StepInputs) -> list[tuple[str, float]]:
+    """``(name, device us)`` of each kernel of one eager layer step (``profiled_kernels``)."""
     t = inp.num_tokens
     block = ex.weights.config.attn_res_block
     layer = ex.weights.layers[pos]
-    return kernels_in(lambda: layer_step(ex.ops, layer, ex.caches, inp, ex.ws, t, pos == 0,
-                                         block))
+    return profiled_kernels(lambda: layer_step(ex.ops, layer, ex.caches, inp, ex.ws, t,
+                                               pos == 0, block))
+
+
+def layer_kernels(ex: Executor, pos: int, inp: StepInputs) -> list[str]:
+    """Kernels of one eager layer step."""
+    return [name for name, _ in layer_kernel_times(ex, pos, inp)]
 
 
 def _moe_bytes(w: MoeWeights, ids: torch.Tensor | None) -> tuple[int, int]:

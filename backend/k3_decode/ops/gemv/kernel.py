@@ -68,23 +68,29 @@ def row_dot(w_row: cute.Pointer, x: cute.Pointer, ld_x: I64, tok0: I32, n_tok: I
         acc[t] = cute.arch.warp_reduction_sum(acc[t])
 
 
+@cute.jit
+def gemv_row(w: cute.Pointer, x: cute.Pointer, y: cute.Pointer, row: I32, tok0: I32, n_tok: I32,
+             ld_x: I64, ld_y: I64, k: cutlass.Constexpr, tt: cutlass.Constexpr):
+    """One warp: y[tok0 + t, row] = W[row] . x[tok0 + t] for the tile's tokens (lane 0 writes,
+    in y's dtype)."""
+    acc = cute.make_rmem_tensor((tt,), F32)
+    row_dot(w + row.to(I64) * k, x, ld_x, tok0, n_tok, acc, k, tt)
+    if cute.arch.lane_idx() == 0:
+        yt = cute.make_tensor(y, cute.make_layout((1 << 30,)))
+        for t in cutlass.range_constexpr(tt):
+            if tok0 + t < n_tok:
+                yt[(tok0 + t).to(I64) * ld_y + row] = acc[t].to(y.dtype)
+
+
 @cute.kernel
 def gemv_kernel(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I32, n_tok: I32,
                 ld_x: I64, ld_y: I64, k: cutlass.Constexpr, tt: cutlass.Constexpr):
     """One warp per weight row, `tt` tokens per CTA; y is bf16 or fp32 (y's pointer type)."""
-    lane = cute.arch.lane_idx()
     warp = cute.arch.warp_idx()
     rb, tb, _ = cute.arch.block_idx()
     row = rb * WARPS + warp
-    tok0 = tb * tt
     if row < n_rows:
-        acc = cute.make_rmem_tensor((tt,), F32)
-        row_dot(w + row.to(I64) * k, x, ld_x, tok0, n_tok, acc, k, tt)
-        if lane == 0:
-            yt = cute.make_tensor(y, cute.make_layout((1 << 30,)))
-            for t in cutlass.range_constexpr(tt):
-                if tok0 + t < n_tok:
-                    yt[(tok0 + t).to(I64) * ld_y + row] = acc[t].to(y.dtype)
+        gemv_row(w, x, y, row, tb * tt, n_tok, ld_x, ld_y, k, tt)
 
 
 @cute.jit

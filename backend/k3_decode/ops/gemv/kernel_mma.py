@@ -9,7 +9,13 @@ k-block is permuted so that thread (g = lane/4, t = lane%4) loads 8 CONSECUTIVE 
 weight rows g and g+8 and of its token g, and physical elements `8t + 4s + {0,1,2,3}` play the
 MMA's logical k `{2t, 2t+1, 2t+8, 2t+9}` in k-step s (s = 0, 1). A and B use the same map, so
 the products are exactly those of the unpermuted matrices. `gk` k-blocks are loaded before any
-MMA of a group (bytes in flight). Grid (ceil(N / (16 mt)), ceil(T / (8 nt))), 32 threads.
+MMA of a group (bytes in flight). Grid (ceil(N / (16 mt)), ceil(T / (8 nt))).
+
+Split-K across the warps of a CTA (`splits` warps, 1, 2, 4 or 8): warp w owns the w-th of
+`splits` equal slices of K for the CTA's tile; the partial accumulators meet in shared memory
+and warp 0 adds them in warp order (fixed order: deterministic, no atomics). One warp per CTA
+(splits = 1) left 3 warps per SM at 6288 rows, ~8 KB in flight each: latency-bound
+(backend/NOTES.md); `splits` multiplies the warps streaming the same bytes.
 """
 
 from __future__ import annotations
@@ -18,25 +24,20 @@ import cuda.bindings.driver as cuda
 import cutlass
 from cutlass import cute
 from cutlass.cute.nvgpu import warp
+from cutlass.memory import SmemAllocator
 
 from backend.k3_decode.ops.gemv.device import BF16, F32, I32, I64, vec
-
-
-def mma_tiling(tt: int, k: int) -> tuple[int, int, int]:
-    """(mt, nt, gk) for a token tile of `tt` (8, 16, 32 or 64) tokens: register-budgeted;
-    gk (k-blocks of 32 per load group) is cut down until it divides K / 32."""
-    mt, nt, gk = {8: (1, 1, 8), 16: (1, 2, 4), 32: (2, 4, 2), 64: (2, 8, 1)}[tt]
-    while (k // 32) % gk:
-        gk //= 2
-    return mt, nt, gk
+from backend.k3_decode.ops.gemv.tiling import mma_tiling
 
 
 @cute.kernel
 def gemv_mma_kernel(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I32, n_tok: I32,
                     ld_x: I64, ld_y: I64, k: cutlass.Constexpr, mt: cutlass.Constexpr,
-                    nt: cutlass.Constexpr, gk: cutlass.Constexpr):
-    """One warp: 16*mt weight rows x 8*nt tokens over the whole K."""
+                    nt: cutlass.Constexpr, gk: cutlass.Constexpr, splits: cutlass.Constexpr):
+    """One CTA: 16*mt weight rows x 8*nt tokens; warp w covers the w-th K slice."""
     lane = cute.arch.lane_idx()
+    wid = cute.arch.warp_idx()
+    kb_warp = k // 32 // splits  # k-blocks per warp
     rb, tb, _ = cute.arch.block_idx()
     g = lane // 4
     t = lane % 4
@@ -55,11 +56,11 @@ def gemv_mma_kernel(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I
     for n in cutlass.range_constexpr(nt):
         tok = cutlass.min(tok0 + n * 8 + g, n_tok - 1)
         xrow.append(x + tok.to(I64) * ld_x)
-    for kg in cutlass.range(k // (32 * gk), unroll=1):
+    for kg in cutlass.range(kb_warp // gk, unroll=1):
         wr = cute.make_rmem_tensor((8, 2 * mt, gk), BF16)
         xr = cute.make_rmem_tensor((8, nt, gk), BF16)
         for kb in cutlass.range_constexpr(gk):
-            kk = (kg * gk + kb) * 32 + 8 * t
+            kk = (wid * kb_warp + kg * gk + kb) * 32 + 8 * t
             for i in cutlass.range_constexpr(2 * mt):
                 cute.copy(cp, vec(wrow[i] + kk, BF16, 8, 16), wr[None, i, kb])
             for n in cutlass.range_constexpr(nt):
@@ -79,22 +80,42 @@ def gemv_mma_kernel(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I
                             b[e, 0] = xr[4 * s + e, n, kb]
                         c = acc[None, None, None, m, n]
                         cute.gemm(atom, c, a, b, c)
-    yt = cute.make_tensor(y, cute.make_layout((1 << 30,)))
-    for m in cutlass.range_constexpr(mt):
-        for n in cutlass.range_constexpr(nt):
-            for e in cutlass.range_constexpr(4):
-                row = r0 + m * 16 + g + 8 * (e // 2)
-                tok = tok0 + n * 8 + 2 * t + (e % 2)
-                if (row < n_rows) & (tok < n_tok):
-                    yt[tok.to(I64) * ld_y + row] = acc[e, 0, 0, m, n].to(y.dtype)
+    if cutlass.const_expr(splits > 1):
+        per = 4 * mt * nt  # accumulators per lane
+        smem = SmemAllocator()
+        part = smem.allocate_tensor(F32, cute.make_layout((splits * 32 * per,)),
+                                    byte_alignment=16)
+        if wid > 0:
+            for m in cutlass.range_constexpr(mt):
+                for n in cutlass.range_constexpr(nt):
+                    for e in cutlass.range_constexpr(4):
+                        part[(wid * 32 + lane) * per + (m * nt + n) * 4 + e] = acc[e, 0, 0, m, n]
+        cute.arch.barrier()
+        if wid == 0:
+            for src in cutlass.range_constexpr(1, splits):
+                for m in cutlass.range_constexpr(mt):
+                    for n in cutlass.range_constexpr(nt):
+                        for e in cutlass.range_constexpr(4):
+                            acc[e, 0, 0, m, n] += part[(src * 32 + lane) * per
+                                                       + (m * nt + n) * 4 + e]
+    if wid == 0:
+        yt = cute.make_tensor(y, cute.make_layout((1 << 30,)))
+        for m in cutlass.range_constexpr(mt):
+            for n in cutlass.range_constexpr(nt):
+                for e in cutlass.range_constexpr(4):
+                    row = r0 + m * 16 + g + 8 * (e // 2)
+                    tok = tok0 + n * 8 + 2 * t + (e % 2)
+                    if (row < n_rows) & (tok < n_tok):
+                        yt[tok.to(I64) * ld_y + row] = acc[e, 0, 0, m, n].to(y.dtype)
 
 
 @cute.jit
 def gemv_mma_launch(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I32, n_tok: I32,
                     ld_x: I64, ld_y: I64, stream: cuda.CUstream, k: cutlass.Constexpr,
-                    tt: cutlass.Constexpr):
-    """Host side: one warp per (16 mt rows, 8 nt tokens) tile on the caller's stream."""
-    mt, nt, gk = mma_tiling(tt, k)
-    gemv_mma_kernel(x, w, y, n_rows, n_tok, ld_x, ld_y, k, mt, nt, gk).launch(
+                    tt: cutlass.Constexpr, splits: cutlass.Constexpr):
+    """Host side: one CTA of `splits` warps per (16 mt rows, 8 nt tokens) tile on the caller's
+    stream."""
+    mt, nt, gk = mma_tiling(tt, k, splits)
+    gemv_mma_kernel(x, w, y, n_rows, n_tok, ld_x, ld_y, k, mt, nt, gk, splits).launch(
         grid=((n_rows + 16 * mt - 1) // (16 * mt), (n_tok + 8 * nt - 1) // (8 * nt), 1),
-        block=(32, 1, 1), stream=stream)
+        block=(32 * splits, 1, 1), stream=stream)

@@ -22,6 +22,7 @@ from backend.k3_decode.ops.gemv.common import (
     stream_of,
     target_arch,
 )
+from backend.k3_decode.ops.gemv.tiling import mma_tiling, valid_splits
 
 OP = "gemv"
 MAX_TOKENS = 64
@@ -29,7 +30,7 @@ K_MULTIPLE = 128  # K must be a multiple of 128 (16-byte vectors, a 256-wide war
 MAX_K = 1 << 16
 TOKEN_TILES = (1, 2, 4, 8)  # SIMT kernel
 MMA_TILES = (8, 16, 32, 64)  # tensor-core kernel
-SIMT_MAX_TOKENS = 2  # "auto": SIMT for 1-2 rows, tensor cores from 3 (H200, backend/NOTES.md)
+SIMT_MAX_TOKENS = 2  # "auto": SIMT for 1-2 rows (and see pick_variant) (H200, backend/NOTES.md)
 VARIANTS = ("auto", "simt", "mma")
 
 
@@ -46,6 +47,7 @@ class GemvKey:
     out_f32: bool
     arch: str
     variant: str = "simt"  # "simt" (kernel.py) or "mma" (kernel_mma.py)
+    splits: int = 1  # mma: warps per CTA splitting K (kernel_mma.py)
 
 
 def pick_token_tile(n_tok: int, variant: str = "simt") -> int:
@@ -58,11 +60,38 @@ def pick_token_tile(n_tok: int, variant: str = "simt") -> int:
     return tiles[-1]
 
 
-def pick_variant(variant: str, n_tok: int) -> str:
-    """Resolve "auto": SIMT for 1..2 rows, the tensor-core kernel from 3 rows."""
+SPLIT_SMEM_BYTES = 32 * 1024  # the split-K partials of a CTA: splits * 32 lanes * 4 mt nt fp32
+
+
+def max_splits(tt: int, k: int) -> int:
+    """Largest split-K (1, 2, 4, 8) that divides K / 32 and keeps the partials in 32 KB."""
+    mt, nt, _ = mma_tiling(tt, k)
+    return max(s for s in valid_splits(k) if s * 32 * 4 * mt * nt * 4 <= SPLIT_SMEM_BYTES)
+
+
+def pick_splits(tt: int, k: int) -> int:
+    """Split-K of the tensor-core kernel for a token tile `tt` and depth K: the most warps the
+    tile allows. H200 sweep (NOTES.md, session 4, `bench_gemv.py --sweep`): at 3-16 rows split 8
+    was the fastest of 1/2/4/8 at every K3 shard shape (e.g. 3648 x 7168 at 8 rows: 53.8 ->
+    20.5 us; 7168 x 1536: 14.5 -> 8.5 us)."""
+    return max_splits(tt, k)
+
+
+SIMT_SMALL_N = 1536  # at 3-4 rows SIMT still wins for N <= this with K >= SIMT_SMALL_N_MIN_K
+SIMT_SMALL_N_MIN_K = 4096
+
+
+def pick_variant(variant: str, n_tok: int, n: int = 0, k: int = 0) -> str:
+    """Resolve "auto" (H200 sweep, NOTES.md session 4): SIMT for 1-2 rows, and for 3-4 rows when
+    the weight has few long rows (N <= 1536, K >= 4096: router, shared gate_up); the tensor-core
+    kernel with split-K otherwise."""
     if variant != "auto":
         return variant
-    return "simt" if n_tok <= SIMT_MAX_TOKENS else "mma"
+    if n_tok <= SIMT_MAX_TOKENS:
+        return "simt"
+    if n_tok <= 4 and 0 < n <= SIMT_SMALL_N and k >= SIMT_SMALL_N_MIN_K:
+        return "simt"
+    return "mma"
 
 
 def check_inputs(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> tuple[int, int, int]:
@@ -104,25 +133,36 @@ def compile_gemv(key: GemvKey, extra_options: str = ""):
         from backend.k3_decode.ops.gemv.kernel_mma import gemv_mma_launch as launch
     else:
         from backend.k3_decode.ops.gemv.kernel import gemv_launch as launch
-    return cute.compile(launch, *_compile_args(key.out_f32), key.k, key.tt,
+    extra = (key.splits,) if key.variant == "mma" else ()
+    return cute.compile(launch, *_compile_args(key.out_f32), key.k, key.tt, *extra,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
-         variant: str = "auto") -> torch.Tensor:
+         variant: str = "auto", splits: int | None = None) -> torch.Tensor:
     """`out = x @ w.T` (fp32 accumulation); returns `out` (bf16 unless an fp32 `out` is given).
 
-    `variant`: "auto" (SIMT for 1-2 rows, tensor cores from 3), "simt" or "mma".
+    `variant`: "auto" (SIMT for 1-2 rows, tensor cores from 3), "simt" or "mma". `splits`
+    (tensor-core kernel only): warps per CTA splitting K, 1/2/4/8; None = `pick_splits`.
     """
     need(variant in VARIANTS, GemvInputError, OP, f"unknown variant {variant!r} ({VARIANTS})")
+    need(splits is None or splits in (1, 2, 4, 8), GemvInputError, OP,
+         f"splits={splits!r} must be 1, 2, 4 or 8")
     if out is None:
         need(isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() == 2
              and w.dim() == 2, GemvInputError, OP, "x must be [T, K] and w [N, K]")
         out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=x.device)
     t, n, k = check_inputs(x, w, out)
     out_f32 = out.dtype == torch.float32
-    var = pick_variant(variant, t)
-    key = GemvKey(k, pick_token_tile(t, var), out_f32, target_arch(), var)
+    var = pick_variant(variant, t, n, k)
+    tt = pick_token_tile(t, var)
+    sp = 1
+    if var == "mma":
+        top = max_splits(tt, k)
+        sp = pick_splits(tt, k) if splits is None else splits
+        need(sp <= top, GemvInputError, OP,
+             f"splits={sp} is not supported at K={k}, {tt}-token tiles (at most {top})")
+    key = GemvKey(k, tt, out_f32, target_arch(), var, sp)
     fn = compile_gemv(key)
     import cutlass
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from backend.k3_decode import envs
+
 SUPPORTED_HEADS = (6, 12, 96)
 MAX_Q = 8
 MAX_REQUESTS = 65536
@@ -40,7 +42,7 @@ def pick_variant(variant: str, heads: int, requests: int, q: int) -> str:
     """
     if variant != "auto":
         return variant
-    if os.environ.get("K3_DECODE_KDA_CLUSTER", "1") == "0":
+    if not envs.K3_DECODE_KDA_CLUSTER:
         return "cta"
     return "cluster" if q == 1 and heads * requests <= CLUSTER_MAX_CTAS else "cta"
 

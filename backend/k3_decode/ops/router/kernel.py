@@ -1,9 +1,11 @@
 """K3 router in one CuTe DSL kernel: fp32 logits, sigmoid, + bias, exact top-k, renormalise.
 
-Phase 1 (every CTA): one warp per expert row of the BF16 gate weight (`gemv.kernel.row_dot`),
-`tt` tokens per CTA; the fp32 sigmoid scores go to `scores [T, E]` (also an output).
-Phase 2 (the last CTA to finish, found with a device-wide ticket: each CTA fences its stores and
-takes a ticket with an atomic add; the CTA holding the last ticket fences again, runs the
+Phase 1 (every router CTA): one warp per expert row of the BF16 gate weight
+(`gemv.kernel.row_dot`), `tt` tokens per CTA; the fp32 sigmoid scores go to `scores [T, E]`
+(also an output). Optionally the same launch also projects x through a second weight
+(`front_rows` > 0: the MoE front projection, bf16 out) in CTAs placed after the router's.
+Phase 2 (the last router CTA to finish, found with a device-wide ticket: each router CTA fences
+its stores and takes a ticket with an atomic add; the CTA holding the last ticket fences again, runs the
 selection and resets the counter to 0 so the next launch, or a CUDA-graph replay, starts clean):
 one warp per token holds the E biased scores `sigmoid(logit) + bias` in registers (E / 32 per
 lane) and runs k rounds of a warp arg-max. Ties break deterministically: the larger value wins,
@@ -21,7 +23,7 @@ from cutlass import cute
 from cutlass.memory import SmemAllocator
 
 from backend.k3_decode.ops.gemv.device import F32, I32, I64, flat, sigmoid
-from backend.k3_decode.ops.gemv.kernel import THREADS, WARPS, row_dot
+from backend.k3_decode.ops.gemv.kernel import THREADS, WARPS, gemv_row, row_dot
 
 BIG_INDEX = 1 << 30
 
@@ -83,20 +85,27 @@ def _select_token(scores: cute.Pointer, bias: cute.Pointer, topk_w: cute.Pointer
 @cute.kernel
 def router_kernel(x: cute.Pointer, w: cute.Pointer, bias: cute.Pointer, scores: cute.Pointer,
                   counter: cute.Pointer, topk_w: cute.Pointer, topk_ids: cute.Pointer,
-                  n_tok: I32, ld_x: I64, k: cutlass.Constexpr, e: cutlass.Constexpr,
-                  top_k: cutlass.Constexpr, tt: cutlass.Constexpr, renorm: cutlass.Constexpr,
-                  scaling: cutlass.Constexpr):
-    """Logits + sigmoid for (8 experts x tt tokens) per CTA; the last CTA selects top-k."""
+                  fw: cute.Pointer, fy: cute.Pointer, n_tok: I32, ld_x: I64, ld_fy: I64,
+                  k: cutlass.Constexpr, e: cutlass.Constexpr, top_k: cutlass.Constexpr,
+                  tt: cutlass.Constexpr, renorm: cutlass.Constexpr, scaling: cutlass.Constexpr,
+                  front_rows: cutlass.Constexpr):
+    """Logits + sigmoid for (8 experts x tt tokens) per CTA; the last router CTA selects top-k.
+
+    With ``front_rows > 0`` the CTAs after the E / 8 router CTAs are a plain GEMV of the same x
+    with ``fw [front_rows, K]`` into bf16 ``fy`` (the MoE front projection rides along: one
+    launch, one stream of weights). They take no ticket, so the selection runs while they
+    stream (router CTAs have the lower block indices and are scheduled first)."""
     tid, _, _ = cute.arch.thread_idx()
     lane = cute.arch.lane_idx()
     warp = cute.arch.warp_idx()
     rb, tb, _ = cute.arch.block_idx()
-    gx, gy, _ = cute.arch.grid_dim()
-    row = rb * WARPS + warp
+    _, gy, _ = cute.arch.grid_dim()
+    router_ctas = e // WARPS
     tok0 = tb * tt
     smem = SmemAllocator()
     s_last = smem.allocate_tensor(I32, cute.make_layout((1,)), byte_alignment=16)
-    if row < e:
+    if rb < router_ctas:
+        row = rb * WARPS + warp
         acc = cute.make_rmem_tensor((tt,), F32)
         row_dot(w + row.to(I64) * k, x, ld_x, tok0, n_tok, acc, k, tt)
         if lane == 0:
@@ -104,30 +113,37 @@ def router_kernel(x: cute.Pointer, w: cute.Pointer, bias: cute.Pointer, scores: 
             for t in cutlass.range_constexpr(tt):
                 if tok0 + t < n_tok:
                     st[(tok0 + t) * e + row] = sigmoid(acc[t])
-    cute.arch.fence_acq_rel_gpu()
-    cute.arch.barrier()
-    if tid == 0:
-        ticket = cute.arch.atomic_add(counter, I32(1), sem="acq_rel", scope="gpu")
-        s_last[0] = I32(0)
-        if ticket == gx * gy - 1:
-            s_last[0] = I32(1)
-    cute.arch.barrier()
-    if s_last[0] == 1:
         cute.arch.fence_acq_rel_gpu()
-        for tok in cutlass.range(warp, n_tok, WARPS, unroll=1):
-            _select_token(scores, bias, topk_w, topk_ids, tok, e, top_k, renorm, scaling)
+        cute.arch.barrier()
         if tid == 0:
-            flat(counter)[0] = I32(0)
+            ticket = cute.arch.atomic_add(counter, I32(1), sem="acq_rel", scope="gpu")
+            s_last[0] = I32(0)
+            if ticket == router_ctas * gy - 1:
+                s_last[0] = I32(1)
+        cute.arch.barrier()
+        if s_last[0] == 1:
+            cute.arch.fence_acq_rel_gpu()
+            for tok in cutlass.range(warp, n_tok, WARPS, unroll=1):
+                _select_token(scores, bias, topk_w, topk_ids, tok, e, top_k, renorm, scaling)
+            if tid == 0:
+                flat(counter)[0] = I32(0)
+    else:
+        if cutlass.const_expr(front_rows > 0):
+            frow = (rb - router_ctas) * WARPS + warp
+            if frow < front_rows:
+                gemv_row(fw, x, fy, frow, tok0, n_tok, ld_x, ld_fy, k, tt)
 
 
 @cute.jit
 def router_launch(x: cute.Pointer, w: cute.Pointer, bias: cute.Pointer, scores: cute.Pointer,
                   counter: cute.Pointer, topk_w: cute.Pointer, topk_ids: cute.Pointer,
-                  n_tok: I32, ld_x: I64, stream: cuda.CUstream, k: cutlass.Constexpr,
-                  e: cutlass.Constexpr, top_k: cutlass.Constexpr, tt: cutlass.Constexpr,
-                  renorm: cutlass.Constexpr, scaling: cutlass.Constexpr):
-    """Host side: grid (E/8, ceil(T/tt)) on the caller's stream (CUDA-graph safe)."""
-    router_kernel(x, w, bias, scores, counter, topk_w, topk_ids, n_tok, ld_x, k, e, top_k, tt,
-                  renorm, scaling).launch(
-        grid=((e + WARPS - 1) // WARPS, (n_tok + tt - 1) // tt, 1), block=(THREADS, 1, 1),
-        stream=stream)
+                  fw: cute.Pointer, fy: cute.Pointer, n_tok: I32, ld_x: I64, ld_fy: I64,
+                  stream: cuda.CUstream, k: cutlass.Constexpr, e: cutlass.Constexpr,
+                  top_k: cutlass.Constexpr, tt: cutlass.Constexpr, renorm: cutlass.Constexpr,
+                  scaling: cutlass.Constexpr, front_rows: cutlass.Constexpr):
+    """Host side: grid (E/8 + ceil(front_rows/8), ceil(T/tt)) on the caller's stream (CUDA-graph
+    safe)."""
+    router_kernel(x, w, bias, scores, counter, topk_w, topk_ids, fw, fy, n_tok, ld_x, ld_fy, k,
+                  e, top_k, tt, renorm, scaling, front_rows).launch(
+        grid=(e // WARPS + (front_rows + WARPS - 1) // WARPS, (n_tok + tt - 1) // tt, 1),
+        block=(THREADS, 1, 1), stream=stream)

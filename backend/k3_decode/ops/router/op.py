@@ -6,6 +6,11 @@ scores [T, E] fp32)` for BF16 `x [T, K]` (rows may be strided), BF16 `gate_w [E,
 listed in selection order (descending `score + bias`, ties to the lower index); the math is
 `backend.k3_decode.reference.moe.route`. The kernel keeps a 4-byte ticket counter per device
 (`counter=` to pass your own, e.g. one per stream when routers run concurrently).
+
+`front=W [N, K]` (bf16) makes the same launch also compute `front_out = x @ W.T` (bf16 [T, N],
+rows may be strided; allocated when not given, returned as a fourth value): the MoE front
+projection rides in the router's launch (one kernel fewer per MoE layer; SIMT rows, so meant for
+the 1-2 token batches where the GEMV op also picks its SIMT kernel).
 """
 
 from __future__ import annotations
@@ -48,11 +53,14 @@ class RouterKey:
     renormalize: bool
     scaling: float
     arch: str
+    front_rows: int = 0
 
 
-def check_inputs(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor,
-                 top_k: int) -> tuple[int, int, int]:
-    """Validate every input; returns `(T, E, K)` or raises `RouterInputError`."""
+def check_inputs(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int,
+                 front: torch.Tensor | None = None,
+                 front_out: torch.Tensor | None = None) -> tuple[int, int, int]:
+    """Validate every input (`front_out` may be None: it is allocated); returns `(T, E, K)` or
+    raises `RouterInputError`."""
     err = RouterInputError
     need(isinstance(x, torch.Tensor) and x.dim() == 2, err, OP, "x must be [T, K]")
     need(isinstance(gate_w, torch.Tensor) and gate_w.dim() == 2, err, OP,
@@ -67,7 +75,18 @@ def check_inputs(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor,
     check_tensor(err, OP, "x", x, torch.bfloat16, (t, k), row_strided=True)
     check_tensor(err, OP, "gate_w", gate_w, torch.bfloat16, (e, k))
     check_tensor(err, OP, "bias", bias, torch.float32, (e,))
-    check_device(err, OP, x, gate_w, bias)
+    need(front_out is None or front is not None, err, OP, "front_out given without front")
+    extra = []
+    if front is not None:
+        need(isinstance(front, torch.Tensor) and front.dim() == 2 and front.shape[0] >= 1, err,
+             OP, "front must be [N, K] with N >= 1")
+        check_tensor(err, OP, "front", front, torch.bfloat16, (front.shape[0], k))
+        extra.append(front)
+        if front_out is not None:
+            check_tensor(err, OP, "front_out", front_out, torch.bfloat16, (t, front.shape[0]),
+                         row_strided=True)
+            extra.append(front_out)
+    check_device(err, OP, x, gate_w, bias, *extra)
     return t, e, k
 
 
@@ -82,36 +101,47 @@ def compile_router(key: RouterKey, extra_options: str = ""):
 
     bf, f32, i32 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32
     args = [fake_ptr(bf), fake_ptr(bf), fake_ptr(f32, 4), fake_ptr(f32, 4), fake_ptr(i32, 4),
-            fake_ptr(f32, 4), fake_ptr(i32, 4), i32(1), cutlass.Int64(1), cuda.CUstream(0)]
+            fake_ptr(f32, 4), fake_ptr(i32, 4), fake_ptr(bf), fake_ptr(bf, 4), i32(1),
+            cutlass.Int64(1), cutlass.Int64(1), cuda.CUstream(0)]
     return cute.compile(router_launch, *args, key.k, key.experts, key.top_k, key.tt,
-                        key.renormalize, key.scaling,
+                        key.renormalize, key.scaling, key.front_rows,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
 def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int = 16,
           scaling: float = 1.0, renormalize: bool = True, *,
           out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-          counter: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run the router kernel; returns `(weights, ids, scores)` (see the module docstring)."""
-    t, e, k = check_inputs(x, gate_w, bias, top_k)
+          counter: torch.Tensor | None = None, front: torch.Tensor | None = None,
+          front_out: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """Run the router kernel; returns `(weights, ids, scores)`, plus `front_out` when `front`
+    is given (see the module docstring)."""
+    t, e, k = check_inputs(x, gate_w, bias, top_k, front, front_out)
     dev = x.device
+    err = RouterInputError
+    if front is not None and front_out is None:
+        front_out = torch.empty(t, front.shape[0], dtype=torch.bfloat16, device=dev)
     if out is None:
         out = (torch.empty(t, top_k, dtype=torch.float32, device=dev),
                torch.empty(t, top_k, dtype=torch.int32, device=dev),
                torch.empty(t, e, dtype=torch.float32, device=dev))
     weights, ids, scores = out
-    check_tensor(RouterInputError, OP, "weights", weights, torch.float32, (t, top_k))
-    check_tensor(RouterInputError, OP, "ids", ids, torch.int32, (t, top_k))
-    check_tensor(RouterInputError, OP, "scores", scores, torch.float32, (t, e))
+    check_tensor(err, OP, "weights", weights, torch.float32, (t, top_k))
+    check_tensor(err, OP, "ids", ids, torch.int32, (t, top_k))
+    check_tensor(err, OP, "scores", scores, torch.float32, (t, e))
     if counter is None:
         counter = ticket_counter(OP, dev, 4)
-    check_tensor(RouterInputError, OP, "counter", counter, torch.int32, tuple(counter.shape))
-    check_device(RouterInputError, OP, weights, ids, scores, counter)
+    check_tensor(err, OP, "counter", counter, torch.int32, tuple(counter.shape))
+    check_device(err, OP, weights, ids, scores, counter)
+    rows = 0 if front is None else front.shape[0]
     key = RouterKey(k, e, top_k, pick_token_tile(t), bool(renormalize), float(scaling),
-                    target_arch())
+                    target_arch(), rows)
     fn = compile_router(key)
     import cutlass
 
+    fw, fy = (gate_w, x) if front is None else (front, front_out)  # unread when rows == 0
     fn(ptr(x), ptr(gate_w), ptr(bias, 4), ptr(scores, 4), ptr(counter, 4), ptr(weights, 4),
-       ptr(ids, 4), cutlass.Int32(t), cutlass.Int64(x.stride(0)), stream_of(dev))
-    return weights, ids, scores
+       ptr(ids, 4), ptr(fw), ptr(fy, 4), cutlass.Int32(t), cutlass.Int64(x.stride(0)),
+       cutlass.Int64(fy.stride(0)), stream_of(dev))
+    if front is None:
+        return weights, ids, scores
+    return weights, ids, scores, front_out
