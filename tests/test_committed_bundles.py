@@ -138,3 +138,49 @@ def test_h200_session4_bundle_passes_every_tier_that_ran() -> None:
     assert _archive_json(archive, "reports/perf.json")["status"] == "PASS"
     assert _archive_json(archive, "reports/proof.json")["status"] == "PASS"
     assert _archive_json(archive, "verdict.json")["outcome"] == "INCOMPLETE"
+
+
+def test_h200_session4b_bundle_ran_commit_a88ab5f() -> None:
+    """Session 4, run 16 (router + front in one launch, split-K GEMV): kernels PASS (433 cases,
+    incl. every GEMV split, the router-front and side-stream bit-equality tests, the kernel
+    count 9 at batch 1 / 10 at batch 4), perf and proof PASS, isolation NOT_RUN. The device's
+    copy of .git was the session-start commit 529635f, so the bundle names it (dirty) and its
+    tree digest covers the paths tracked at 529635f. Recomputed here from a worktree of commit
+    a88ab5f with the four older bundle archives removed (moved out to fit the device carry):
+    the same digest, so those bytes are what ran. (New files since 529635f, e.g.
+    backend/k3_decode/ops/gemv/tiling.py, are outside that digest.)"""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from k3fasttrack.envinfo import tree_digest
+
+    archive = BUNDLES / "h200-executor-s4b-2026-11-29/bundle.tar.gz"
+    env = _archive_json(archive, "environment.json")
+    assert env["gpus"][0]["name"] == "NVIDIA H200"
+    kernels = _archive_json(archive, "reports/kernels.json")
+    assert kernels["status"] == "PASS" and kernels["failed"] == 0 and kernels["passed"] >= 433
+    assert {"executor_router_front", "executor_side_stream", "gemv"} <= {
+        c["op"] for c in kernels["cases"]}
+    assert any("split8" in c["case"] for c in kernels["cases"] if c["op"] == "gemv")
+    assert _archive_json(archive, "reports/perf.json")["status"] == "PASS"
+    assert _archive_json(archive, "reports/proof.json")["status"] == "PASS"
+    root = BUNDLES.parent
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+
+    if git("cat-file", "-e", "a88ab5f^{commit}").returncode or git(
+            "cat-file", "-e", "529635f^{commit}").returncode:
+        pytest.skip("this clone lacks commits 529635f / a88ab5f (shallow history)")
+    paths = [p for p in git("ls-tree", "-r", "--name-only", "-z", "529635f").stdout.split("\0")
+             if p]
+    work = Path(tempfile.mkdtemp(prefix="k3ft-a88ab5f-"))
+    try:
+        assert git("worktree", "add", "--detach", "-f", str(work / "t"), "a88ab5f").returncode == 0
+        for name in ("perf", "kernels", "s3", "s4"):
+            (work / "t" / f"bundles/h200-executor-{name}-2026-11-29/bundle.tar.gz").unlink()
+        assert tree_digest(work / "t", paths) == env["git"]["tree_digest"]
+    finally:
+        git("worktree", "remove", "--force", str(work / "t"))
+        shutil.rmtree(work, ignore_errors=True)
