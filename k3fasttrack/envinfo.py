@@ -71,7 +71,7 @@ MAX_CHANGED = 200
 
 
 def tree_digest(top: Path, paths: list[str]) -> str:
-    """sha256 over each tracked path (sorted) and its bytes on disk, or a deletion marker."""
+    """sha256 over each path (sorted) and its bytes on disk, or a deletion marker."""
     h = hashlib.sha256()
     for rel in sorted(paths):
         f = top / rel
@@ -87,15 +87,22 @@ def tree_digest(top: Path, paths: list[str]) -> str:
 
 def git_state(repo: Path) -> GitState | None:
     """Commit, dirtiness, changed paths and tree digest of the work tree containing ``repo``;
-    None when not a repo."""
+    None when not a repo.
+
+    The digest covers the code as it was on disk: the paths the index tracks plus the untracked
+    files git does not ignore (a new module the run imported is code under test even before it
+    is added; a copied tree whose index is older than its files still names all of them)."""
     top = _run(["git", "rev-parse", "--show-toplevel"], cwd=repo)
     if top is None:
         return None
     root = Path(top.strip())
     commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
-    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
-    listed = _run(["git", "ls-files", "-z"], cwd=root)
-    digest = None if listed is None else tree_digest(root, [p for p in listed.split("\0") if p])
+    status = _run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=root)
+    listed = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                  cwd=root)
+    digest = None
+    if listed is not None:
+        digest = tree_digest(root, sorted({p for p in listed.split("\0") if p}))
     if commit is None:  # a repository with no commits (e.g. a copied tree): state unknown
         return GitState(repo=root.name, commit=None, dirty=None, tree_digest=digest)
     changed = tuple(line[3:] for line in (status or "").splitlines() if len(line) > 3)

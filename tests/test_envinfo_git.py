@@ -50,11 +50,26 @@ def test_edits_and_deletions_change_the_digest_and_are_listed(tmp_path: Path) ->
     assert git_state(repo).tree_digest == clean  # same bytes, same digest
 
 
-def test_untracked_files_do_not_change_the_digest(tmp_path: Path) -> None:
+def test_untracked_files_count_unless_ignored(tmp_path: Path) -> None:
+    """A new module the run could import is code under test before it is added: it changes the
+    digest and is listed; an ignored file does neither. Once committed, the same bytes give the
+    same digest as when they were untracked."""
     repo = _repo(tmp_path)
     clean = git_state(repo).tree_digest
+    (repo / ".gitignore").write_text("*.log\n")
+    _git(repo, "add", ".gitignore")
+    _git(repo, "commit", "-q", "-m", "ignore logs")
+    ignoring = git_state(repo).tree_digest
+    assert ignoring != clean
     (repo / "scratch.log").write_text("noise\n")
-    assert git_state(repo).tree_digest == clean and git_state(repo).dirty is False
+    assert git_state(repo).tree_digest == ignoring and git_state(repo).dirty is False
+    (repo / "pkg/new.py").write_text("N = 1\n")
+    new = git_state(repo)
+    assert new.tree_digest != ignoring and new.dirty is True and new.changed == ("pkg/new.py",)
+    _git(repo, "add", "pkg/new.py")
+    _git(repo, "commit", "-q", "-m", "new")
+    committed = git_state(repo)
+    assert committed.tree_digest == new.tree_digest and committed.dirty is False
 
 
 def test_not_a_repository_gives_none(tmp_path: Path) -> None:

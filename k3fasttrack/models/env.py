@@ -23,10 +23,12 @@ class GitState(Record):
     dirty: bool | None
     """None when the tree state could not be read."""
     tree_digest: str | None = None
-    """sha256 over the tracked paths and their bytes as they were on disk (a deleted file counts
-    as deleted): names the exact code a dirty tree ran, whatever the commit says."""
+    """sha256 over the tracked paths plus the untracked files git does not ignore, and their bytes
+    as they were on disk (a deleted file counts as deleted): names the exact code a dirty tree
+    ran, whatever the commit says."""
     changed: tuple[str, ...] = ()
-    """Tracked paths that differ from the commit (``git status --porcelain``), at most 200."""
+    """Paths that differ from the commit, untracked ones included (``git status --porcelain``),
+    at most 200."""
 
 
 class Environment(Artefact):
