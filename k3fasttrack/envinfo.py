@@ -28,7 +28,8 @@ def _run(cmd: list[str], cwd: Path | None = None, timeout: float = 20) -> str | 
     if shutil.which(cmd[0]) is None:
         return None
     try:
-        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                             check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout if out.returncode == 0 else None
@@ -71,7 +72,9 @@ MAX_CHANGED = 200
 
 
 def tree_digest(top: Path, paths: list[str]) -> str:
-    """sha256 over each path (sorted) and its bytes on disk, or a deletion marker."""
+    """sha256 over each path (sorted) and its bytes on disk (read in chunks), or a deletion
+    marker; a path ending in "/" (an untracked nested git repository, as `git ls-files --others`
+    lists one) counts by its own tree digest."""
     h = hashlib.sha256()
     for rel in sorted(paths):
         f = top / rel
@@ -79,7 +82,12 @@ def tree_digest(top: Path, paths: list[str]) -> str:
         if f.is_symlink():
             h.update(b"link:" + os.readlink(f).encode())
         elif f.is_file():
-            h.update(hashlib.sha256(f.read_bytes()).digest())
+            with open(f, "rb") as fh:
+                h.update(hashlib.file_digest(fh, "sha256").digest())
+        elif rel.endswith("/") and f.is_dir():
+            inner = git_state(f)
+            nested = inner.tree_digest if inner and inner.tree_digest else "<unreadable>"
+            h.update(b"repo:" + nested.encode())
         else:
             h.update(b"<absent>")
     return h.hexdigest()

@@ -85,3 +85,21 @@ def test_summary_line_names_the_changes_and_digest(tmp_path: Path) -> None:
     line = _hardware(env)
     assert f"`{state.commit[:12]}` (dirty tree: 1 changed path)" in line
     assert f"tree sha256 `{state.tree_digest[:16]}`" in line
+
+
+def test_an_untracked_nested_repository_counts_by_its_contents(tmp_path: Path) -> None:
+    """`git ls-files --others` lists an untracked nested repository as "sub/": its files are
+    code under test too, so editing one changes the outer digest."""
+    repo = _repo(tmp_path)
+    sub = repo / "sub"
+    sub.mkdir()
+    (sub / "x.py").write_text("X = 1\n")
+    _git(sub, "init", "-q")
+    _git(sub, "add", ".")
+    _git(sub, "commit", "-q", "-m", "inner")
+    before = git_state(repo)
+    assert "sub/" in before.changed
+    (sub / "x.py").write_text("X = 2\n")
+    assert git_state(repo).tree_digest != before.tree_digest
+    (sub / "x.py").write_text("X = 1\n")
+    assert git_state(repo).tree_digest == before.tree_digest

@@ -127,37 +127,52 @@ NEAR_TIE_EXPERTS = 2
 """A route that differs from float64's in at most this many experts (of 16) is a near-tie flip."""
 
 
+CLEAN, EXCUSED, BAD = 0, 1, 2
+
+
 def flipped_tokens(routes: dict[int, torch.Tensor], ref: dict[int, torch.Tensor], upto: int,
                    q: int) -> tuple[torch.Tensor, int]:
-    """Tokens excused from layer `upto` on (a [T] bool mask), and the largest first-divergence
-    difference.
+    """Tokens excused from the comparison at layer `upto` (a [T] bool mask), and the largest
+    first-divergence difference.
 
-    A token is excused once it, or an earlier token of its request (positions j' <= j of a
-    verify step: the KDA state and the MLA cache carry a token's change to the later ones, never
-    to the earlier ones), picks an expert set that differs from float64's by 1..NEAR_TIE_EXPERTS
-    experts: a near-tie decided by bf16 noise, which takes the token away from float64 whichever
-    bf16 path runs (both executors do it, H200 runs 4-7, 15). A token whose first divergence
-    swaps more experts (what a corrupted hidden state does) is NOT excused: its error stays in
-    the comparison."""
+    Causality within a request's verify step (positions j = 0..q-1): layer i's attention (KDA
+    state, MLA cache) carries token j''s layer-i input to the later tokens at layer i; its MoE
+    works per token, so a change made by token j''s routing at layer i reaches the later tokens
+    from layer i + 1 on. Per layer, in order:
+    1. a clean token after an earlier token that was excused / bad at a previous layer takes
+       that status (bad wins);
+    2. a clean token whose expert set differs from float64's by 1..NEAR_TIE_EXPERTS experts is
+       a near-tie decided by bf16 noise (excused, from this layer on); by more, bad (what a
+       corrupted hidden state does: its error stays in the comparison);
+    3. a token that turned bad at this layer makes the later tokens of its request bad at this
+       layer too (its corruption was already in the layer's attention input), overriding their
+       near-tie at this layer.
+    Both executors show near-tie flips with random weights (H200 runs 4-7, 15)."""
     t = next(iter(ref.values())).shape[0]
     reqs = t // q
     dev = next(iter(ref.values())).device
-    excused = torch.zeros(reqs, q, dtype=torch.bool, device=dev)
-    decided = torch.zeros(reqs, q, dtype=torch.bool, device=dev)
+    status = torch.full((reqs, q), CLEAN, dtype=torch.int8, device=dev)
     worst = 0
     for i in sorted(ref):
         if i > upto:
             break
+        before = status.clone()
+        for j in range(1, q):  # 1. inherit from earlier tokens' previous-layer status
+            earlier = before[:, :j]
+            inherit = torch.where((earlier == BAD).any(-1), BAD,
+                                  torch.where((earlier == EXCUSED).any(-1), EXCUSED, CLEAN))
+            status[:, j] = torch.where(status[:, j] == CLEAN, inherit.to(torch.int8),
+                                       status[:, j])
         common = (routes[i][:, :, None] == ref[i][:, None, :]).any(-1).sum(-1)
         diff = (ref[i].shape[1] - common).view(reqs, q)
-        first = (diff > 0) & ~decided
+        first = (diff > 0) & (status == CLEAN)
         worst = max(worst, int(diff[first].max()) if bool(first.any()) else 0)
-        excused |= first & (diff <= NEAR_TIE_EXPERTS)
-        decided |= diff > 0
-        # an earlier token's divergence reaches every later token of its request
-        excused = excused.int().cummax(dim=-1).values.bool() & ~(decided & ~excused)
-        decided = decided.int().cummax(dim=-1).values.bool()
-    return excused.view(t), worst
+        new_bad = first & (diff > NEAR_TIE_EXPERTS)
+        status[first & (diff <= NEAR_TIE_EXPERTS)] = EXCUSED  # 2.
+        status[new_bad] = BAD
+        later = new_bad.int().cummax(dim=-1).values.bool() & ~new_bad  # 3.
+        status[later & (status != BAD) & (before == CLEAN)] = BAD
+    return (status == EXCUSED).view(t), worst
 
 
 def flipped_requests(routes: dict[int, torch.Tensor], ref: dict[int, torch.Tensor], upto: int,

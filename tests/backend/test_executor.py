@@ -273,11 +273,13 @@ def test_flipped_requests_excuses_near_ties_only() -> None:
     assert flipped_requests(late, ref, 3, 2)[0].tolist() == [False, False, False, True]
 
 
-def test_flipped_tokens_excuses_a_near_tie_and_the_later_tokens_of_its_request() -> None:
-    """Token granularity (verify steps, q = 4): a near-tie flip at token 2 excuses tokens 2 and 3
-    of that request (the KDA state / MLA cache carry it forward), never tokens 0 and 1; a large
-    first divergence is not excused and keeps the later tokens in the comparison too."""
-    from backend.k3_decode.testing import flipped_tokens
+def test_flipped_tokens_follow_causality_within_a_request() -> None:
+    """Token granularity (verify steps, q = 4): a near-tie flip of token 2 at layer 1 excuses
+    token 2 at layer 1 and token 3 from layer 2 on (the MoE is per token; the next layer's
+    attention carries the change), never tokens 0 and 1; a large first divergence is not
+    excused and makes the later tokens of its request count too, at its own layer already (its
+    corruption was in that layer's attention input)."""
+    from backend.k3_decode.testing import flipped_requests, flipped_tokens
 
     ref = {1: torch.arange(16).repeat(8, 1), 2: torch.arange(16).repeat(8, 1)}
     l1, l2 = ref[1].clone(), ref[2].clone()
@@ -286,9 +288,14 @@ def test_flipped_tokens_excuses_a_near_tie_and_the_later_tokens_of_its_request()
     l2[6, :2] = torch.tensor([70, 71])  # request 1, token 2: two experts, but after token 1
     routes = {1: l1, 2: l2}
     excused, worst = flipped_tokens(routes, ref, 1, 4)
-    assert excused.tolist() == [False, False, True, True, False, False, False, False]
+    assert excused.tolist() == [False, False, True, False, False, False, False, False]
     assert worst == 16
     excused, _ = flipped_tokens(routes, ref, 2, 4)
     assert excused.tolist() == [False, False, True, True, False, False, False, False]
     late = {1: ref[1], 2: l2}  # without token 1's corruption, token 2's 2-expert flip is excused
-    assert flipped_tokens(late, ref, 2, 4)[0].tolist() == [False] * 6 + [True, True]
+    assert flipped_tokens(late, ref, 2, 4)[0].tolist() == [False] * 6 + [True, False]
+    same_layer = {1: ref[1].clone()}  # token 0 corrupted, token 1 near-tie, same layer
+    same_layer[1][0] = torch.arange(40, 56)
+    same_layer[1][1, 0] = 99
+    assert not flipped_tokens(same_layer, {1: ref[1]}, 1, 4)[0].any()
+    assert flipped_requests(same_layer, {1: ref[1]}, 1, 4)[0].tolist() == [False, False]

@@ -191,7 +191,9 @@ def test_router_front_launch_gives_the_same_step(monkeypatch) -> None:
     """At 2 tokens the router + front projection launch (default) replays to the same logits,
     bit for bit, as separate router and front GEMV launches (``K3_DECODE_ROUTER_FRONT=0``): the
     same per-row dot products, only the launch differs."""
+    monkeypatch.setenv("K3_DECODE_ROUTER_FRONT", "1")
     _, _, spec, inp = _three(8, 5, 896, 2, 1, 1024)
+    assert len(M.layer_kernels(spec, 1, inp)) == 9
     monkeypatch.setenv("K3_DECODE_ROUTER_FRONT", "0")
     apart = Executor(KernelOps(spec.weights.config, max_context=1024), spec.weights,
                      spec.caches.clone(), max_tokens=2)

@@ -132,9 +132,11 @@ def test_router_cuda_graph_replays_new_inputs() -> None:
         assert ok and ids_ok, msg
 
 
-@pytest.mark.parametrize("batch", [1, 2, 5])
+@pytest.mark.parametrize("batch", [1, 2, 5, 9, 64])
 def test_router_with_front_projection(batch: int) -> None:
-    """Router + MoE front projection in one launch (the executor's path at 1-2 tokens): scores,
+    """Router + MoE front projection in one launch (the executor's path at 1-2 tokens; 9 and 64
+    tokens give 2 and 8 rows of token tiles, so the selection ticket counts router CTAs over
+    several tile rows while front CTAs take none): scores,
     ids and weights bit-equal to the plain router launch (same per-row dot products), and
     `front_out` = x @ front.T against float64 (bf16 output tolerance); x strided, outputs
     NaN-poisoned, 896 experts and the TP8 front rows (latent 3584 + shared gate_up 1536)."""

@@ -104,6 +104,18 @@ def test_split_k_table_and_checks():
     x, w = torch.zeros(4, 1536, dtype=BF), torch.zeros(64, 1536, dtype=BF)
     with pytest.raises(GemvInputError, match="splits=3"):
         gemv(x, w, splits=3)
+    x5, w384 = torch.zeros(5, 384, dtype=BF), torch.zeros(7168, 384, dtype=BF)
+    with pytest.raises(GemvInputError, match=r"splits=8 is not supported at K=384.*at most 4"):
+        gemv(x5, w384, splits=8)
+    x64, w7k = torch.zeros(64, 7168, dtype=BF), torch.zeros(896, 7168, dtype=BF)
+    with pytest.raises(GemvInputError, match=r"64-token tiles \(at most 4\)"):
+        gemv(x64, w7k, splits=8)
+    with pytest.raises(GemvInputError, match="tensor-core kernel only"):
+        gemv(torch.zeros(2, 7168, dtype=BF), w7k, splits=4)  # 2 rows: SIMT
+    with pytest.raises(GemvInputError, match="tensor-core kernel only"):
+        gemv(x64, w7k, variant="simt", splits=2)
+    with pytest.raises(GemvInputError, match="needs CUDA tensors"):  # a valid request
+        gemv(x64, w7k, splits=4)
 
 
 def test_auto_variant_table():

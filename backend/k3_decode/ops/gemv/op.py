@@ -94,8 +94,10 @@ def pick_variant(variant: str, n_tok: int, n: int = 0, k: int = 0) -> str:
     return "mma"
 
 
-def check_inputs(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> tuple[int, int, int]:
-    """Validate every input; returns `(T, N, K)` or raises `GemvInputError`."""
+def check_inputs(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, variant: str = "auto",
+                 splits: int | None = None) -> tuple[int, int, int]:
+    """Validate every input (incl. a requested split-K against the kernel "auto" / `variant`
+    resolves to); returns `(T, N, K)` or raises `GemvInputError`."""
     err = GemvInputError
     need(x.dim() == 2 and w.dim() == 2, err, OP, "x must be [T, K] and w [N, K]")
     t, k = x.shape
@@ -109,6 +111,14 @@ def check_inputs(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> tuple[i
     need(out.dtype in (torch.bfloat16, torch.float32), err, OP,
          f"out must be bf16 or fp32, got {out.dtype}")
     check_tensor(err, OP, "out", out, out.dtype, (t, n), row_strided=True)
+    if splits is not None:
+        var = pick_variant(variant, t, n, k)
+        need(var == "mma", err, OP, f"splits={splits} applies to the tensor-core kernel only; "
+             f"{t} rows of a {n} x {k} weight run the SIMT kernel (variant={variant!r})")
+        tt = pick_token_tile(t, var)
+        top = max_splits(tt, k)
+        need(splits <= top, err, OP,
+             f"splits={splits} is not supported at K={k}, {tt}-token tiles (at most {top})")
     check_device(err, OP, x, w, out)
     return t, n, k
 
@@ -142,8 +152,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
          variant: str = "auto", splits: int | None = None) -> torch.Tensor:
     """`out = x @ w.T` (fp32 accumulation); returns `out` (bf16 unless an fp32 `out` is given).
 
-    `variant`: "auto" (SIMT for 1-2 rows, tensor cores from 3), "simt" or "mma". `splits`
-    (tensor-core kernel only): warps per CTA splitting K, 1/2/4/8; None = `pick_splits`.
+    `variant`: "auto" (`pick_variant`: SIMT for 1-2 rows and for 3-4 rows of few long weight
+    rows, tensor cores otherwise), "simt" or "mma". `splits` (tensor-core kernel only): warps
+    per CTA splitting K, 1/2/4/8; None = `pick_splits`.
     """
     need(variant in VARIANTS, GemvInputError, OP, f"unknown variant {variant!r} ({VARIANTS})")
     need(splits is None or splits in (1, 2, 4, 8), GemvInputError, OP,
@@ -152,16 +163,13 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
         need(isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() == 2
              and w.dim() == 2, GemvInputError, OP, "x must be [T, K] and w [N, K]")
         out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=x.device)
-    t, n, k = check_inputs(x, w, out)
+    t, n, k = check_inputs(x, w, out, variant, splits)
     out_f32 = out.dtype == torch.float32
     var = pick_variant(variant, t, n, k)
     tt = pick_token_tile(t, var)
     sp = 1
     if var == "mma":
-        top = max_splits(tt, k)
         sp = pick_splits(tt, k) if splits is None else splits
-        need(sp <= top, GemvInputError, OP,
-             f"splits={sp} is not supported at K={k}, {tt}-token tiles (at most {top})")
     key = GemvKey(k, tt, out_f32, target_arch(), var, sp)
     fn = compile_gemv(key)
     import cutlass
