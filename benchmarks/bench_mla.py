@@ -7,7 +7,8 @@ baseline in the same run: absorbed ``bmm`` + dequantized cache + ``bmm``/softmax
 ``W_UV`` bmm + gate (torch/cuBLAS). Inputs are random (never zeros); our output is checked
 against the baseline before timing.
 
-Run: ``python benchmarks/bench_mla.py [--quick] [--jsonl FILE] [--tilings mma,2x4]``
+Run: ``python benchmarks/bench_mla.py [--quick] [--jsonl FILE] [--tilings mma,2x4]``; split-KV
+count at short contexts: ``--tilings mma --contexts 1024,4096,32768 --splits auto,4,8,16,32,64``
 (``mma`` = tensor-core attention core; ``RxU`` = SIMT core with R rows per CTA, U tokens per warp).
 """
 
@@ -65,11 +66,11 @@ def bytes_moved(heads: int, n_req: int, q: int, ctx: int, cache: str) -> int:
     return cache_b + weights + act
 
 
-def ours(s: dict, q: int, ctx: int, tiling: Tiling) -> None:
-    """Our three-kernel decode on one input set."""
+def ours(s: dict, q: int, ctx: int, tiling: Tiling, n_splits: int | None = None) -> None:
+    """Our three-kernel decode on one input set (`n_splits` None: the op's own plan)."""
     mla_decode(s["q_nope"], s["q_pe"], s["gate"], s["kv_cache"], s["block_table"], s["seq_lens"],
                s["w_uk_t"], s["w_uv"], q_per_request=q, kv_scale=s["kv_scale"], out=s["out"],
-               max_context=ctx, tiling=tiling, check_lengths=False)
+               max_context=ctx, tiling=tiling, check_lengths=False, n_splits=n_splits)
 
 
 def baseline(s: dict, q: int, ctx: int) -> None:
@@ -127,7 +128,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run_shape(heads: int, n_req: int, q: int, ctx: int, cache: str, tilings: list[Tiling],
-              with_baseline: bool) -> list[dict]:
+              with_baseline: bool, splits: tuple[int | None, ...] = (None,)) -> list[dict]:
     """Measure one shape for every tiling (+ baseline); one JSON-able row per variant."""
     gen = torch.Generator(device="cuda").manual_seed(heads * 1000 + n_req * 10 + q)
     nbytes = bytes_moved(heads, n_req, q, ctx, cache)
@@ -137,11 +138,16 @@ def run_shape(heads: int, n_req: int, q: int, ctx: int, cache: str, tilings: lis
     baseline(sets[0], q, ctx)
     rows = []
     for til in tilings:
-        ours(sets[0], q, ctx, til)
-        err = rel_err(sets[0]["out"], sets[0]["out_base"])
-        us = time_graph(lambda s, til=til: ours(s, q, ctx, til), sets)
-        name = "k3_mla mma" if til.variant == "mma" else f"k3_mla r{til.rows}u{til.unroll}"
-        rows.append({"kernel": name, "us": us, "rel_err_vs_base": err})
+        for ns in splits:
+            if ns is not None and ns > ctx:
+                continue
+            ours(sets[0], q, ctx, til, ns)
+            err = rel_err(sets[0]["out"], sets[0]["out_base"])
+            us = time_graph(lambda s, til=til, ns=ns: ours(s, q, ctx, til, ns), sets)
+            name = "k3_mla mma" if til.variant == "mma" else f"k3_mla r{til.rows}u{til.unroll}"
+            if ns is not None:
+                name += f" s{ns}"
+            rows.append({"kernel": name, "us": us, "rel_err_vs_base": err, "n_splits": ns})
     if with_baseline:
         us = time_graph(lambda s: baseline(s, q, ctx), sets[:max(1, min(n_sets, 4))])
         rows.append({"kernel": "torch_unfused", "us": us, "rel_err_vs_base": 0.0})
@@ -189,17 +195,27 @@ def main() -> int:
     ap.add_argument("--jsonl", default=None, help="append one JSON line per measurement")
     ap.add_argument("--tilings", default="mma,2x4", help="attention cores: mma and/or RxU (SIMT)")
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--splits", default="auto",
+                    help="split-KV counts to time, e.g. auto,4,16,64 (auto: the op's own plan)")
+    ap.add_argument("--contexts", default=None,
+                    help="instead of the grid: 12 heads, FP8, q = 1 at these contexts ...")
+    ap.add_argument("--requests", default="1,8", help="... and these batch sizes")
     args = ap.parse_args()
+    splits = tuple(None if v == "auto" else int(v) for v in args.splits.split(","))
     tilings = [Tiling(variant="mma") if t == "mma" else
                Tiling(int(t.split("x")[0]), int(t.split("x")[1]), variant="simt")
                for t in args.tilings.split(",")]
     print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | cmd: "
           f"python {' '.join(sys.argv)}", file=sys.stderr)
     rows: list[dict] = []
-    for sh in shapes(args.quick):
+    grid = shapes(args.quick)
+    if args.contexts:
+        grid = [(12, int(r), 1, int(c), "fp8") for c in args.contexts.split(",")
+                for r in args.requests.split(",")]
+    for sh in grid:
         t0 = time.time()
         try:
-            got = run_shape(*sh, tilings, not args.no_baseline)
+            got = run_shape(*sh, tilings, not args.no_baseline, splits)
         except Exception as exc:  # noqa: BLE001 - a failed shape is reported, the grid goes on
             print(f"# shape {sh} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
             continue
@@ -207,8 +223,7 @@ def main() -> int:
         print(f"# {sh} done in {time.time() - t0:.1f}s", file=sys.stderr)
         if args.jsonl:
             with open(args.jsonl, "a", encoding="utf-8") as fh:
-                for r in got:
-                    fh.write(json.dumps(r) + "\n")
+                fh.writelines(json.dumps(r) + "\n" for r in got)
     print_table(rows)
     return 0
 
