@@ -102,3 +102,20 @@ def test_auto_variant_follows_the_measured_rule(monkeypatch):
     assert pick_variant("auto", 12, 1, 4) == "cta"
     monkeypatch.setenv("K3_DECODE_KDA_CLUSTER", "0")
     assert pick_variant("auto", 12, 1, 1) == "cta"
+
+
+def test_index_values_are_checked_before_launch():
+    """Slot indices past the caches and num_accepted outside 1..q are refused (one sync, eager
+    calls only); null slots (<= 0) are allowed. Any device: the check is plain torch."""
+    from backend.k3_decode.ops.kda import KdaInputError
+    from backend.k3_decode.ops.kda.op import check_slot_values
+
+    idx = torch.tensor([[1, 2], [0, -1], [3, 4]], dtype=torch.int32)
+    check_slot_values(idx, torch.tensor([1, 2, 2], dtype=torch.int32), slots=5)
+    check_slot_values(idx, None, slots=5)
+    with pytest.raises(KdaInputError, match="holds slot 4, but the caches have 4 slots"):
+        check_slot_values(idx, None, slots=4)
+    with pytest.raises(KdaInputError, match=r"num_accepted must be in 1..2 \(q\), got 0..2"):
+        check_slot_values(idx, torch.tensor([0, 2, 1], dtype=torch.int32), slots=5)
+    with pytest.raises(KdaInputError, match="got 1..3"):
+        check_slot_values(idx, torch.tensor([1, 3, 1], dtype=torch.int32), slots=5)

@@ -178,14 +178,34 @@ def _ptr(t: torch.Tensor, align: int = 16):
     return make_ptr(dt, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=align)
 
 
+def check_slot_values(state_indices: torch.Tensor, num_accepted: torch.Tensor | None,
+                      slots: int) -> None:
+    """The index VALUES the kernels trust: every slot < `slots` (<= 0 means a null slot: nothing
+    read or written) and every `num_accepted` in 1..q. One device sync, so `kda_decode` runs it
+    only outside CUDA-graph capture and only with `check_values=True` (the executor's inputs come
+    checked from the adapter and pass False)."""
+    q = state_indices.shape[-1]
+    if state_indices.numel():
+        hi = int(state_indices.max())
+        _need(hi < slots, f"state_indices holds slot {hi}, but the caches have {slots} slots "
+              f"(0..{slots - 1})")
+    if num_accepted is not None and num_accepted.numel():
+        lo, hi = int(num_accepted.min()), int(num_accepted.max())
+        _need(1 <= lo and hi <= q, f"num_accepted must be in 1..{q} (q), got {lo}..{hi}")
+
+
 def kda_decode(x: torch.Tensor, f_a: torch.Tensor, raw_beta: torch.Tensor,
                out_gate: torch.Tensor, f_b: torch.Tensor, conv_w: torch.Tensor,
                dt_bias: torch.Tensor, a_log: torch.Tensor, norm_w: torch.Tensor,
                conv_state: torch.Tensor, state: torch.Tensor, state_indices: torch.Tensor,
                num_accepted: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
                gate_form: str = "lower_bound", lower_bound: float = -5.0,
-               norm_eps: float = 1e-5, variant: str = "auto") -> torch.Tensor:
-    """Run the fused KDA decode step in place on `conv_state` / `state`; returns `out`."""
+               norm_eps: float = 1e-5, variant: str = "auto",
+               check_values: bool = True) -> torch.Tensor:
+    """Run the fused KDA decode step in place on `conv_state` / `state`; returns `out`.
+
+    `check_values`: also check the index values (`check_slot_values`; one device sync, skipped
+    under CUDA-graph capture)."""
     if out is None:
         out = torch.empty(x.shape[0], out_gate.shape[-1], dtype=torch.bfloat16, device=x.device)
     _need(gate_form in ("lower_bound", "softplus"), f"unknown gate form {gate_form!r}")
@@ -193,6 +213,8 @@ def kda_decode(x: torch.Tensor, f_a: torch.Tensor, raw_beta: torch.Tensor,
     h, r, q = check_inputs(x, f_a, raw_beta, out_gate, f_b, conv_w, dt_bias, a_log, norm_w,
                            conv_state, state, state_indices, num_accepted, out)
     _need(state.is_cuda, "the fused KDA kernel needs CUDA tensors")
+    if check_values and not torch.cuda.is_current_stream_capturing():
+        check_slot_values(state_indices, num_accepted, state.shape[0])
     key = KdaKernelKey(h, q, num_accepted is not None, gate_form, float(lower_bound),
                        float(norm_eps), target_arch(), pick_variant(variant, h, r, q))
     fn = compile_kda(key)
