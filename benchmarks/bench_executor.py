@@ -67,8 +67,11 @@ def _layer_row(spec: Executor, stock: Executor, inp, pos: int, ctx: int, ceiling
         row["roofline_noexp_us"] = (b["total"] - b["experts"]) / (ceiling * 1e12) * 1e6
     if counts:
         ks = M.layer_kernel_times(spec, pos, inp)
+        pf = [(name, us) for name, us in ks if "l2_prefetch" in name]  # beside, on a side stream
+        ks = [(name, us) for name, us in ks if "l2_prefetch" not in name]
         row["spec_kernels"] = [name for name, _ in ks]
         row["spec_kernel_times_us"] = [us for _, us in ks]
+        row["spec_prefetch_us"] = [us for _, us in pf]
         row["spec_kernel_sum_us"] = sum(us for _, us in ks)
         row["spec_kernel_sum_roofline_frac"] = row["roofline_us"] / row["spec_kernel_sum_us"]
         row["stock_kernels"] = M.layer_kernels(stock, pos, inp)

@@ -188,3 +188,19 @@ def test_cuda_graph_replay_with_fresh_inputs(variant: str) -> None:
         ok, msg = check_and_record(OP, f"{variant}/h12/b4/graph_replay{replay}/state", inp["state"],
                                    ref_state, 1e-4, 1e-4)
         assert ok, msg
+
+
+def test_index_values_past_the_caches_are_refused_before_launch() -> None:
+    """A slot index == slots (one past the caches) raises KdaInputError before the kernel runs:
+    the state cache is left as it was."""
+    from backend.k3_decode.ops.kda import KdaInputError, kda_decode
+
+    inp = kda_inputs(12, 2, 1, seed=7)
+    inp["state_indices"][1, 0] = inp["state"].shape[0]
+    before = inp["state"].clone()
+    with pytest.raises(KdaInputError, match="but the caches have"):
+        kda_decode(inp["x"], inp["f_a"], inp["raw_beta"], inp["out_gate"], inp["f_b"],
+                   inp["conv_w"], inp["dt_bias"], inp["a_log"], inp["norm_w"], inp["conv_state"],
+                   inp["state"], inp["state_indices"])
+    torch.cuda.synchronize()
+    assert torch.equal(inp["state"], before)

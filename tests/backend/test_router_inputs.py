@@ -151,6 +151,11 @@ def test_l2_prefetch_checks_and_plan():
     assert plan(256 * 8 * 128) == (2048, 1) and plan(256 * 8 * 128 + 1) == (2049, 2)
     lines, ctas = plan(22 << 20)
     assert ctas * 256 * 8 >= lines > (ctas - 1) * 256 * 8
+    for nbytes in (1, 128, 129, 300_000, 256 * 8 * 128 * 3 + 5):  # the kernel's index map
+        lines, ctas = plan(nbytes)
+        step = ctas * 256
+        got = sorted(g + step * r for g in range(step) for r in range(8) if g + step * r < lines)
+        assert got == list(range(lines))
 
 
 def test_token_tile_table():

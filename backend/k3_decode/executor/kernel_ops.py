@@ -138,8 +138,7 @@ class KernelOps:
                       proj[:, 4 * hd + k.f_rank : 4 * hd + k.f_rank + k.num_heads],
                       proj[:, 3 * hd : 4 * hd], w.f_b, w.conv_w, w.dt_bias, w.a_log, w.norm_w,
                       cache.conv_state, cache.state, inp.state_indices, inp.num_accepted,
-                      gate_form=k.gate_form, lower_bound=k.gate_lower_bound, norm_eps=k.norm_eps,
-                      check_values=False)
+                      gate_form=k.gate_form, lower_bound=k.gate_lower_bound, norm_eps=k.norm_eps)
         res = self._gemv(o, w.o_proj, out)
         if fetching:
             self._join(h.device)
