@@ -7,10 +7,10 @@ and side, recorded by backend.harness). Runs on a CPU: it only reads the bundle.
 The candidate's kernels are cut into layers at the AttnRes kernels (every layer launches two, the
 final AttnRes one; whatever comes before the first is the embedding gather), and each layer is
 named from its kernels (KDA or MLA attention; routed experts or dense MLP); a layer's time is the
-sum of its kernels' durations in the trace (gaps between kernels not counted). Bytes that must move per
-layer come from the TP8 shard shapes: weights once, the KDA state read + written per token slot,
-the MLA cache rows, and the experts touched (exactly 16 at one token; for T tokens the expected
-number of distinct experts under independent uniform routing, 896 * (1 - (1 - 16/896)^T)).
+sum of its kernels' durations in the trace (gaps between kernels not counted). Bytes that must
+move per layer come from the TP8 shard shapes: weights once, the KDA state read + written per
+token slot, the MLA cache rows, and the experts touched (exactly 16 at one token; for T tokens the
+expected number of distinct experts under independent uniform routing, 896 * (1 - (1 - 16/896)^T)).
 """
 
 from __future__ import annotations

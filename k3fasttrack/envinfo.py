@@ -110,7 +110,7 @@ def git_state(repo: Path) -> GitState | None:
                   cwd=root)
     digest = None
     if listed is not None:
-        digest = tree_digest(root, sorted({p for p in listed.split("\0") if p}))
+        digest = tree_digest(root, list({p for p in listed.split("\0") if p}))
     if commit is None:  # a repository with no commits (e.g. a copied tree): state unknown
         return GitState(repo=root.name, commit=None, dirty=None, tree_digest=digest)
     changed = tuple(line[3:] for line in (status or "").splitlines() if len(line) > 3)

@@ -151,18 +151,16 @@ def flipped_tokens(routes: dict[int, torch.Tensor], ref: dict[int, torch.Tensor]
     t = next(iter(ref.values())).shape[0]
     reqs = t // q
     dev = next(iter(ref.values())).device
-    status = torch.full((reqs, q), CLEAN, dtype=torch.int8, device=dev)
+    status = torch.full((reqs, q), CLEAN, dtype=torch.int64, device=dev)
     worst = 0
     for i in sorted(ref):
         if i > upto:
             break
         before = status.clone()
-        for j in range(1, q):  # 1. inherit from earlier tokens' previous-layer status
-            earlier = before[:, :j]
-            inherit = torch.where((earlier == BAD).any(-1), BAD,
-                                  torch.where((earlier == EXCUSED).any(-1), EXCUSED, CLEAN))
-            status[:, j] = torch.where(status[:, j] == CLEAN, inherit.to(torch.int8),
-                                       status[:, j])
+        # 1. inherit the worst previous-layer status of the earlier tokens (BAD > EXCUSED > CLEAN)
+        inherit = torch.zeros_like(before)
+        inherit[:, 1:] = before.cummax(dim=-1).values[:, :-1]
+        status = torch.where(status == CLEAN, inherit, status)
         common = (routes[i][:, :, None] == ref[i][:, None, :]).any(-1).sum(-1)
         diff = (ref[i].shape[1] - common).view(reqs, q)
         first = (diff > 0) & (status == CLEAN)

@@ -80,7 +80,7 @@ class VerifiedBundle:
     verdict: str
     git_commit: str | None
     tree_digest: str | None = None
-    """sha256 of the tracked files the run saw (environment.json), when the bundle records it."""
+    """sha256 of the code files the run saw (environment.json), when the bundle records it."""
     changed: tuple[str, ...] = ()
     """Paths that differed from ``git_commit`` in that tree."""
 
@@ -129,7 +129,8 @@ def verify_folder(root: Path, signers: list[AllowedSigner]) -> VerifiedBundle:
 
 
 def check_code(result: VerifiedBundle, code: Path) -> str:
-    """Compare the tracked files of the git work tree at ``code`` with the tree the bundle ran.
+    """Compare the code files of the git work tree at ``code`` (tracked, and untracked but not
+    ignored) with the tree the bundle ran.
 
     Returns the tree digest when they are the same bytes; raises ``CodeMismatchError`` when
     they differ, when the bundle records no tree digest, or when ``code`` is not a git tree.

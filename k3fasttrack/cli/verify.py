@@ -19,7 +19,7 @@ def verify_command(
     = False,
     code: Annotated[Path | None, typer.Option(
         "--code", help="Also check that this git work tree holds the exact code the bundle ran "
-        "(tracked files, byte for byte).")] = None,
+        "(tracked and untracked non-ignored files, byte for byte).")] = None,
 ) -> None:
     """Verify a bundle offline: signatures against your allowed_signers, every file digest,
     safe extraction, and every summary figure recomputed from the raw samples.

@@ -12,9 +12,10 @@ one GEMV). With ``side_stream=True`` a separate router runs on a second stream b
 projection (joined before the experts). With ``l2_prefetch`` (``K3_DECODE_L2_PREFETCH=1``; off by
 default until measured) a third stream prefetches up to ``prefetch_bytes`` of the next weight
 into L2 while a kernel that leaves DRAM idle runs: o_proj during the KDA / MLA attention, the
-MoE tail during the experts (joined after that weight's GEMV). The MLA layer: two projections (``q_a|kv_a`` and the gate, so that each
-output is contiguous), q_a RMSNorm, fused kv RMSNorm + cache insert, two q_b projections
-(nope / pe rows), the three-kernel MLA decode, o_proj. Dense layer 0: gate_up, SiTU, down.
+MoE tail during the experts (joined after that weight's GEMV). The MLA layer: two projections
+(``q_a|kv_a`` and the gate, so that each output is contiguous), q_a RMSNorm, fused kv RMSNorm +
+cache insert, two q_b projections (nope / pe rows), the three-kernel MLA decode, o_proj.
+Dense layer 0: gate_up, SiTU, down.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from backend.k3_decode.config import K3Config
 from backend.k3_decode.executor.state import KdaCache, MlaCache, StepInputs
 from backend.k3_decode.executor.torch_ops import rms, situ_glu, write_latent_rows
 from backend.k3_decode.executor.weights import DenseWeights, KdaWeights, MlaWeights, MoeWeights
-from backend.k3_decode.ops.gemv.op import SIMT_MAX_TOKENS
+from backend.k3_decode.ops.gemv.op import pick_variant as gemv_variant
 from backend.k3_decode.ops.moe.op import MAX_TOKENS as MOE_MAX_TOKENS
 
 
@@ -84,7 +85,6 @@ class KernelOps:
         self.prefetch_bytes = prefetch_bytes
         """Most bytes of a weight prefetched into L2 (the L2 is ~60 MB; the experts pass through
         it too)."""
-        self._simt_rows = SIMT_MAX_TOKENS
         self.skip_experts = False
         """Benchmark aid: skip the routed experts (the latent goes straight to the norm)."""
         self._counters: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -98,22 +98,25 @@ class KernelOps:
                                    torch.zeros(MOE_MAX_TOKENS, dtype=torch.int32, device=dev))
         return self._counters[dev]
 
-    def _prefetch(self, w: torch.Tensor) -> bool:
+    def _prefetch(self, w: torch.Tensor) -> None:
         """With ``l2_prefetch``: fork the prefetch stream from the current one and prefetch up to
-        ``prefetch_bytes`` of ``w`` there (it runs beside the kernels launched next); returns
-        whether it did, so the caller joins after the weight's consumer (``_join``)."""
+        ``prefetch_bytes`` of ``w`` there (it runs beside the kernels launched next); the
+        weight's consumer then runs through ``_gemv_joined``."""
         if self._pf is None:
-            return False
+            return
         from backend.k3_decode.ops.prefetch import l2_prefetch
 
         self._pf.wait_stream(torch.cuda.current_stream(w.device))
         with torch.cuda.stream(self._pf):
             l2_prefetch(w, min(self.prefetch_bytes, w.numel() * w.element_size()))
-        return True
 
-    def _join(self, dev: torch.device) -> None:
-        """Join the prefetch stream back (a CUDA graph must end on its origin stream)."""
-        torch.cuda.current_stream(dev).wait_stream(self._pf)
+    def _gemv_joined(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``x @ w.T`` into ``out``, then join the prefetch stream back, if there is one (a CUDA
+        graph must end on its origin stream)."""
+        res = self._gemv(x, w, out)
+        if self._pf is not None:
+            torch.cuda.current_stream(x.device).wait_stream(self._pf)
+        return res
 
     def embed(self, table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Embedding gather (one torch index_select)."""
@@ -133,16 +136,13 @@ class KernelOps:
         k = self.cfg.kda
         hd = k.num_heads * k.head_dim
         proj = self._gemv(h, w.in_proj)
-        fetching = self._prefetch(w.o_proj)  # while the KDA kernel runs (small bytes)
+        self._prefetch(w.o_proj)  # while the KDA kernel runs (small bytes)
         o = self._kda(proj[:, : 3 * hd], proj[:, 4 * hd : 4 * hd + k.f_rank],
                       proj[:, 4 * hd + k.f_rank : 4 * hd + k.f_rank + k.num_heads],
                       proj[:, 3 * hd : 4 * hd], w.f_b, w.conv_w, w.dt_bias, w.a_log, w.norm_w,
                       cache.conv_state, cache.state, inp.state_indices, inp.num_accepted,
                       gate_form=k.gate_form, lower_bound=k.gate_lower_bound, norm_eps=k.norm_eps)
-        res = self._gemv(o, w.o_proj, out)
-        if fetching:
-            self._join(h.device)
-        return res
+        return self._gemv_joined(o, w.o_proj, out)
 
     def mla(self, w: MlaWeights, h: torch.Tensor, cache: MlaCache, inp: StepInputs,
             out: torch.Tensor) -> torch.Tensor:
@@ -162,22 +162,20 @@ class KernelOps:
                      cache.kv_scale, q_per_request=inp.q, eps=m.norm_eps)
         q_nope = self._gemv(qn, q_b_nope).view(t, nh, m.qk_nope_head_dim)
         q_pe = self._gemv(qn, q_b_pe).view(t, nh, m.qk_rope_head_dim)
-        fetching = self._prefetch(w.o_proj)  # while the latency-bound attention runs
+        self._prefetch(w.o_proj)  # while the latency-bound attention runs
         o = self._mla(q_nope, q_pe, gate, cache.kv_cache, inp.block_table, inp.seq_lens,
                       w.w_uk_t, w.w_uv, q_per_request=inp.q, kv_scale=cache.kv_scale,
                       softmax_scale=m.softmax_scale, max_context=self.max_context,
                       check_lengths=False)
-        res = self._gemv(o, w.o_proj, out)
-        if fetching:
-            self._join(h.device)
-        return res
+        return self._gemv_joined(o, w.o_proj, out)
 
     def moe(self, w: MoeWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Router (optionally on the side stream), front GEMV, MXFP4 experts, prep, tail GEMV."""
         mo, lat = self.cfg.moe, self.cfg.moe.latent_dim
         front, tail = w.packed()
         c_route, c_moe = self.counters(h.device)
-        if self._router_front and h.shape[0] <= self._simt_rows:  # one launch for both
+        if self._router_front and gemv_variant("auto", h.shape[0], *front.shape) == "simt":
+            # the front GEMV would run SIMT rows: they ride in the router's launch
             wts, ids, _, fr = self._route(h, w.gate_w, w.bias, mo.top_k,
                                           mo.routed_scaling_factor, counter=c_route, front=front)
         elif self._side is not None:
@@ -192,7 +190,7 @@ class KernelOps:
             wts, ids, _ = self._route(h, w.gate_w, w.bias, mo.top_k, mo.routed_scaling_factor,
                                       counter=c_route)
             fr = self._gemv(h, front)
-        fetching = self._prefetch(tail)  # while the experts run (well below the ceiling)
+        self._prefetch(tail)  # while the experts run (well below the ceiling)
         s = w.shared_down.shape[1]
         xt = torch.empty(h.shape[0], lat + s, dtype=h.dtype, device=h.device)
         glu = {"beta": mo.situ_beta, "linear_beta": mo.situ_linear_beta}
@@ -204,10 +202,7 @@ class KernelOps:
             self._moe(fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, xt,
                       normalize=True, gu=fr[:, lat:], eps=self.cfg.rms_eps, counter=c_moe,
                       **glu)
-        res = self._gemv(xt, tail, out)
-        if fetching:
-            self._join(h.device)
-        return res
+        return self._gemv_joined(xt, tail, out)
 
     def dense(self, w: DenseWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Dense layer 0: gate_up GEMV, SiTU, down GEMV."""

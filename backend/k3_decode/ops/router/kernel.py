@@ -5,12 +5,12 @@ Phase 1 (every router CTA): one warp per expert row of the BF16 gate weight
 (also an output). Optionally the same launch also projects x through a second weight
 (`front_rows` > 0: the MoE front projection, bf16 out) in CTAs placed after the router's.
 Phase 2 (the last router CTA to finish, found with a device-wide ticket: each router CTA fences
-its stores and takes a ticket with an atomic add; the CTA holding the last ticket fences again, runs the
-selection and resets the counter to 0 so the next launch, or a CUDA-graph replay, starts clean):
-one warp per token holds the E biased scores `sigmoid(logit) + bias` in registers (E / 32 per
-lane) and runs k rounds of a warp arg-max. Ties break deterministically: the larger value wins,
-and between equal values the LOWER expert index wins (within a lane indices ascend; across
-lanes the shuffle compares indices). The chosen experts are written in selection order
+its stores and takes a ticket with an atomic add; the CTA holding the last ticket fences again,
+runs the selection and resets the counter to 0 so the next launch, or a CUDA-graph replay,
+starts clean): one warp per token holds the E biased scores `sigmoid(logit) + bias` in registers
+(E / 32 per lane) and runs k rounds of a warp arg-max. Ties break deterministically: the larger
+value wins, and between equal values the LOWER expert index wins (within a lane indices ascend;
+across lanes the shuffle compares indices). The chosen experts are written in selection order
 (descending biased score). Weights are the UNBIASED scores of the chosen experts, divided by
 their sum (summed in selection order) when renormalising, times `routed_scaling_factor`.
 """
