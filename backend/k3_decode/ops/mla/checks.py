@@ -141,16 +141,23 @@ def check_seq_lens(seq_lens: torch.Tensor, shape: MlaShape) -> None:
 
 
 def plan_splits(shape: MlaShape, rows_per_cta: int, tokens_per_iter: int, num_sms: int,
-                min_chunk: int = 256, n_splits: int | None = None, ctas_per_sm: int = 4
-                ) -> tuple[int, int]:
+                min_chunk: int = 256, n_splits: int | None = None, ctas_per_sm: int = 4,
+                min_ctas: int = 0) -> tuple[int, int]:
     """Choose ``(splits, chunk)`` so about ``ctas_per_sm`` CTAs per SM run, whatever the batch.
 
-    Depends only on host values (``max_context``, sizes), so a CUDA graph replays it.
+    Chunks stay at least ``min_chunk`` tokens long (fewer splits, less partial-output traffic)
+    unless that leaves fewer than ``min_ctas`` CTAs: a short context is then cut down to
+    ``tokens_per_iter``-token chunks so that the attention is not a few CTAs walking the whole
+    context one after another. Depends only on host values (``max_context``, sizes), so a
+    CUDA graph replays it.
     """
     base = shape.n_req * math.ceil(shape.q_len * shape.n_heads / rows_per_cta)
     if n_splits is None:
-        n_splits = min(math.ceil(ctas_per_sm * num_sms / base),
-                       math.ceil(shape.max_context / min_chunk))
+        cap = math.ceil(ctas_per_sm * num_sms / base)
+        n_splits = min(cap, math.ceil(shape.max_context / min_chunk))
+        if base * n_splits < min_ctas:
+            n_splits = min(cap, math.ceil(min_ctas / base),
+                           math.ceil(shape.max_context / tokens_per_iter))
     n_splits = max(1, min(n_splits, shape.max_context))
     chunk = math.ceil(shape.max_context / n_splits)
     chunk = math.ceil(chunk / tokens_per_iter) * tokens_per_iter

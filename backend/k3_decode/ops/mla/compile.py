@@ -55,6 +55,11 @@ class Tiling:
         return 512 if self.variant == "mma" else 256
 
     @property
+    def min_ctas(self) -> int:
+        """Attention CTAs wanted at least: shorter chunks than ``min_chunk`` below this."""
+        return 32 if self.variant == "mma" else 0
+
+    @property
     def tokens_per_iter(self) -> int:
         """Split chunks are a multiple of this many tokens."""
         return 64 if self.variant == "mma" else k.ATTN_WARPS * self.unroll

@@ -93,7 +93,8 @@ def mla_decode(
         check_seq_lens(seq_lens, shape)
     splits, chunk = plan_splits(shape, tiling.rows_per_cta, tiling.tokens_per_iter,
                                 _num_sms(dev.index or 0), min_chunk=tiling.min_chunk,
-                                n_splits=n_splits, ctas_per_sm=tiling.ctas_per_sm)
+                                n_splits=n_splits, ctas_per_sm=tiling.ctas_per_sm,
+                                min_ctas=tiling.min_ctas)
     rows_total = shape.n_tokens * shape.n_heads
     q_lat = torch.empty(rows_total * D_QK, dtype=torch.float32, device=dev)
     o_part = torch.empty(splits * rows_total * D_LAT, dtype=torch.float32, device=dev)
