@@ -91,8 +91,12 @@ def reference(inp: dict, q: int) -> torch.Tensor:
 
 def run_case(name: str, heads: int, seq_lens: list[int], q: int, cache: str, block_size: int = 64,
              seed: int = 0, n_splits: int | None = None, max_context: int | None = None,
-             variant: str = "mma") -> None:
-    """Run one case with a poisoned output inside a poisoned guard buffer; assert and record."""
+             variant: str = "mma", strided: bool = False) -> None:
+    """Run one case with a poisoned output inside a poisoned guard buffer; assert and record.
+
+    ``strided``: q_nope / q_pe / gate are views into wider NaN-filled buffers, as the executor
+    passes them (one q_b output ``[T, H, 192]``; the gate columns of the fused q_a|kv_a|gate
+    output): a read outside the view poisons the result."""
     from backend.k3_decode.ops.mla import mla_decode
     from backend.k3_decode.ops.mla.compile import Tiling
 
@@ -102,13 +106,20 @@ def run_case(name: str, heads: int, seq_lens: list[int], q: int, cache: str, blo
     out = guard[1:-1]
     kw = {k: inp[k] for k in ("q_nope", "q_pe", "gate", "kv_cache", "block_table", "seq_lens",
                               "w_uk_t", "w_uv")}
+    if strided:
+        qb = poison_(torch.empty(t, heads, 192, dtype=torch.bfloat16, device="cuda"))
+        qb[..., :128], qb[..., 128:] = inp["q_nope"], inp["q_pe"]
+        wide = poison_(torch.empty(t, 2112 + heads * 128, dtype=torch.bfloat16, device="cuda"))
+        wide[:, 2112:] = inp["gate"]
+        kw.update(q_nope=qb[..., :128], q_pe=qb[..., 128:], gate=wide[:, 2112:])
+        assert not kw["q_pe"].is_contiguous() and not kw["gate"].is_contiguous()
     mla_decode(**kw, q_per_request=q, kv_scale=inp["kv_scale"], out=out, n_splits=n_splits,
                max_context=max_context, tiling=Tiling(variant=variant))
     torch.cuda.synchronize()
     expected = reference(inp, q)
     atol, rtol = tolerance(torch.bfloat16)
-    ok, msg = check_and_record(OP, f"{variant}/{name}/h{heads}/{cache}", out, expected, atol, rtol,
-                               REL_FRO[torch.bfloat16])
+    label = f"{variant}/{name}/h{heads}/{cache}" + ("/strided" if strided else "")
+    ok, msg = check_and_record(OP, label, out, expected, atol, rtol, REL_FRO[torch.bfloat16])
     assert ok, msg
     assert torch.isnan(guard[0]).all() and torch.isnan(guard[-1]).all(), "wrote outside `out`"
 
@@ -147,6 +158,18 @@ def test_mla_decode_matches_reference(name, seq_lens, q, block_size, n_splits, h
     seed = zlib.crc32(f"{name}{heads}{cache}".encode()) % 9973
     run_case(name, heads, seq_lens, q, cache, block_size, seed=seed, n_splits=n_splits,
              variant=variant)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("heads", [6, 12])
+@pytest.mark.parametrize("name,seq_lens,q", [("b1_ctx1000", [1000], 1),
+                                             ("q4_r3", [70, 2000, 513], 4),
+                                             ("b9_mixed", [1, 64, 65, 300, 1024, 5, 900, 17, 2], 1)])
+def test_mla_decode_strided_views(name, seq_lens, q, heads, variant):
+    """Row-strided q_nope / q_pe / gate views (the executor's one q_b GEMV and fused gate rows)
+    read exactly their own elements; token groups with padding (9 and 12 tokens) included."""
+    run_case(name, heads, seq_lens, q, "fp8", 64, seed=len(name) + heads, variant=variant,
+             strided=True)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -99,7 +99,14 @@ def test_mismatched_shapes():
 
 def test_non_contiguous_strides():
     wide = torch.randn(8, 12, 256).to(BF)
-    raises("q_nope: strides .* are not contiguous", q_nope=wide[..., :128])
+    raises("need CUDA tensors", q_nope=wide[..., :128])  # a row-strided view is fine
+    raises("need CUDA tensors", gate=torch.randn(8, 2000).to(BF)[:, 464:])
+    raises(r"q_nope: strides \(1536, 1, 12\): the last dimension must be dense",
+           q_nope=torch.randn(8, 128, 12).to(BF).transpose(1, 2))
+    raises(r"q_pe: strides \(780, 65, 1\) must be multiples of 8 elements",
+           q_pe=torch.randn(8, 12, 65).to(BF)[..., :64])
+    raises(r"gate: strides \(1540, 1\) must be multiples of 8",
+           gate=torch.randn(8, 1540).to(BF)[:, :1536])
     raises("w_uk_t: strides", w_uk_t=torch.randn(12, 512, 128).to(BF).transpose(1, 2))
 
 
@@ -157,3 +164,23 @@ def test_output_buffer_must_match_the_gate():
         check_out(torch.empty(4, 12 * 128, dtype=BF), gate)
     with pytest.raises(MlaInputError, match="contiguous and 16-byte aligned"):
         check_out(torch.empty(12 * 128, 8, dtype=BF).t(), gate)
+
+
+def test_short_contexts_get_short_chunks_up_to_min_ctas():
+    """mma tiling (16 rows per CTA, 64-token iterations, >= 512-token chunks, 2 CTAs per SM):
+    at 1k context one request would run 2 CTAs; ``min_ctas=32`` cuts 64-token chunks instead,
+    never past the context, and leaves long contexts and large batches as they were."""
+    def plan(n_req: int, ctx: int, min_ctas: int = 32) -> tuple[int, int]:
+        shape = MlaShape(n_req, 12, 1, 64, ctx // 64 + 1, ctx, "fp8")
+        return plan_splits(shape, 16, 64, 132, min_chunk=512, ctas_per_sm=2, min_ctas=min_ctas)
+
+    assert plan(1, 1024, 0) == (2, 512)
+    assert plan(1, 1024) == (16, 64)  # capped by 64-token chunks
+    assert plan(1, 4096) == (32, 128)
+    assert plan(8, 1024) == (4, 256)  # 8 requests x 4 splits = 32 CTAs
+    assert plan(1, 100) == (2, 64)
+    assert plan(1, 32768) == plan(1, 32768, 0) == (64, 512)
+    assert plan(64, 1024) == plan(64, 1024, 0) == (2, 512)
+    for n_req, ctx in [(1, 1), (1, 63), (3, 1000), (5, 70000)]:
+        splits, chunk = plan(n_req, ctx)
+        assert chunk % 64 == 0 and splits * chunk >= ctx > (splits - 1) * chunk

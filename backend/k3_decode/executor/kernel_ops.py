@@ -12,9 +12,10 @@ one GEMV). With ``side_stream=True`` a separate router runs on a second stream b
 projection (joined before the experts). With ``l2_prefetch`` (``K3_DECODE_L2_PREFETCH=1``; off by
 default until measured) a third stream prefetches up to ``prefetch_bytes`` of the next weight
 into L2 while a kernel that leaves DRAM idle runs: o_proj during the KDA / MLA attention, the
-MoE tail during the experts (joined after that weight's GEMV). The MLA layer: two projections
-(``q_a|kv_a`` and the gate, so that each output is contiguous), q_a RMSNorm, fused kv RMSNorm +
-cache insert, two q_b projections (nope / pe rows), the three-kernel MLA decode, o_proj.
+MoE tail during the experts (joined after that weight's GEMV). The MLA layer: one fused
+``q_a|kv_a|k_pe|gate`` projection, q_a RMSNorm, fused kv RMSNorm + cache insert, one q_b
+projection, the three-kernel MLA decode (reading the gate and q_nope / q_pe as row-strided views
+of those outputs), o_proj.
 Dense layer 0: gate_up, SiTU, down.
 """
 
@@ -148,20 +149,18 @@ class KernelOps:
             out: torch.Tensor) -> torch.Tensor:
         """Projections, q/kv norms + cache insert, absorbed MLA decode, o_proj."""
         m = self.cfg.mla
-        qkv_a, gate_w, q_b_nope, q_b_pe = w.split()
         t, nh = h.shape[0], m.num_heads
-        qa = self._gemv(h, qkv_a)
-        gate = self._gemv(h, gate_w)
-        q_c = qa[:, : m.q_lora_rank]
-        kv_c = qa[:, m.q_lora_rank : m.q_lora_rank + m.kv_lora_rank]
-        k_pe = qa[:, m.q_lora_rank + m.kv_lora_rank :]
+        nope, rope = m.qk_nope_head_dim, m.qk_rope_head_dim
+        proj = self._gemv(h, w.qkv_a_g)  # one GEMV; the MLA op reads the gate rows in place
+        q_c, kv_c, k_pe, gate = proj.split([m.q_lora_rank, m.kv_lora_rank, rope,
+                                            nh * m.v_head_dim], dim=-1)
         qn = self._prep(q_c, w.q_a_norm, None,
                         torch.empty(t, m.q_lora_rank, dtype=h.dtype, device=h.device),
                         eps=m.norm_eps)
         self._insert(kv_c, k_pe, w.kv_a_norm, cache.kv_cache, inp.block_table, inp.positions,
                      cache.kv_scale, q_per_request=inp.q, eps=m.norm_eps)
-        q_nope = self._gemv(qn, q_b_nope).view(t, nh, m.qk_nope_head_dim)
-        q_pe = self._gemv(qn, q_b_pe).view(t, nh, m.qk_rope_head_dim)
+        qb = self._gemv(qn, w.q_b).view(t, nh, nope + rope)  # per head [nope | rope], one GEMV
+        q_nope, q_pe = qb[..., :nope], qb[..., nope:]
         self._prefetch(w.o_proj)  # while the latency-bound attention runs
         o = self._mla(q_nope, q_pe, gate, cache.kv_cache, inp.block_table, inp.seq_lens,
                       w.w_uk_t, w.w_uv, q_per_request=inp.q, kv_scale=cache.kv_scale,

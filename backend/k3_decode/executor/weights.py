@@ -64,22 +64,6 @@ class MlaWeights:
     w_uk_t: torch.Tensor  # [heads, nope, kv_lora] bf16
     w_uv: torch.Tensor  # [heads, kv_lora, v] bf16
     o_proj: torch.Tensor  # [H, heads*v] bf16
-    _split: tuple[torch.Tensor, ...] | None = field(default=None, repr=False)
-
-    def split(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(q_a|kv_a|k_pe rows, gate rows, q_b nope rows, q_b pe rows)``, each contiguous, made
-        once (the MLA op wants contiguous q_nope / q_pe / gate inputs). Sizes come from the
-        shapes: heads and nope from ``w_uk_t``, v from ``w_uv``."""
-        if self._split is None:
-            nh, nope, _ = self.w_uk_t.shape
-            gate_rows = nh * self.w_uv.shape[2]
-            front = self.qkv_a_g.shape[0] - gate_rows
-            qb = self.q_b.view(nh, -1, self.q_b.shape[1])
-            rope = qb.shape[1] - nope
-            self._split = (self.qkv_a_g[:front].contiguous(), self.qkv_a_g[front:].contiguous(),
-                           qb[:, :nope].reshape(nh * nope, -1).contiguous(),
-                           qb[:, nope:].reshape(nh * rope, -1).contiguous())
-        return self._split  # type: ignore[return-value]
 
 
 @dataclass

@@ -65,6 +65,18 @@ def _check_layout(name: str, t: torch.Tensor, align: int) -> None:
             f"{name}: data pointer is not {align}-byte aligned (misaligned view or offset)")
 
 
+def _check_rows(name: str, t: torch.Tensor, align: int) -> None:
+    """A strided view is fine when its last dimension is dense and every row starts aligned."""
+    _expect(t.stride(-1) == 1,
+            f"{name}: strides {tuple(t.stride())}: the last dimension must be dense (stride 1)")
+    step = align // t.element_size()
+    _expect(all(s % step == 0 for s in t.stride()[:-1]),
+            f"{name}: strides {tuple(t.stride())} must be multiples of {step} elements "
+            f"({align}-byte aligned rows)")
+    _expect(t.data_ptr() % align == 0,
+            f"{name}: data pointer is not {align}-byte aligned (misaligned view or offset)")
+
+
 def check_inputs(
     q_nope: torch.Tensor,
     q_pe: torch.Tensor,
@@ -108,8 +120,9 @@ def check_inputs(
             f"block_table: expected [{n_req}, max_blocks], got {tuple(block_table.shape)}")
     _check_shape("seq_lens", seq_lens, (n_req,))
 
-    for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("gate", gate), ("w_uk_t", w_uk_t),
-                    ("w_uv", w_uv), ("kv_cache", kv_cache)):
+    for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("gate", gate)):
+        _check_rows(name, t, 16)  # views of wider projection outputs are fine
+    for name, t in (("w_uk_t", w_uk_t), ("w_uv", w_uv), ("kv_cache", kv_cache)):
         _check_layout(name, t, 16)
     _check_layout("block_table", block_table, 4)
     _check_layout("seq_lens", seq_lens, 4)

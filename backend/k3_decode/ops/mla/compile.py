@@ -36,8 +36,13 @@ class Tiling:
 
     rows: int = 2  # SIMT: query rows (head x verify position) per attention CTA: 2 or 4
     unroll: int = 4  # SIMT: cache tokens in flight per warp
-    tokens_per_cta: int = 8  # tokens per absorb/combine CTA (W_UK / W_UV reuse)
+    tokens_per_cta: int = 8  # tokens per absorb/combine CTA (W_UK / W_UV reuse); multiple of 4
     variant: str = "mma"  # attention core: "mma" (mma.sync + cp.async) or "simt" (FFMA)
+
+    def __post_init__(self) -> None:
+        if self.tokens_per_cta < 4 or self.tokens_per_cta % 4:
+            raise ValueError(f"tokens_per_cta must be a positive multiple of 4 (one token per "
+                             f"combine warp), got {self.tokens_per_cta}")
 
     @property
     def rows_per_cta(self) -> int:
@@ -91,6 +96,11 @@ def launch_mla_decode(
     chunk: cutlass.Int32,
     max_context: cutlass.Int32,
     n_splits: cutlass.Int32,
+    qn_ts: cutlass.Int32,
+    qn_hs: cutlass.Int32,
+    qp_ts: cutlass.Int32,
+    qp_hs: cutlass.Int32,
+    gate_ts: cutlass.Int32,
     softmax_scale: cutlass.Float32,
     stream: cuda.CUstream,
     rows: cutlass.Constexpr,
@@ -102,7 +112,8 @@ def launch_mla_decode(
     n_tokens = n_req * q_len
     token_groups = (n_tokens + tokens_per_cta - 1) // tokens_per_cta
     k.absorb_kernel(
-        q_nope, q_pe, w_uk_t, kv_scale, q_lat, n_tokens, n_heads, softmax_scale, tokens_per_cta
+        q_nope, q_pe, w_uk_t, kv_scale, q_lat, n_tokens, n_heads, qn_ts, qn_hs, qp_ts, qp_hs,
+        softmax_scale, tokens_per_cta
     ).launch(grid=(n_heads, token_groups, 4), block=(k.ABSORB_THREADS, 1, 1), stream=stream)
     if cutlass.const_expr(variant == "mma"):
         km.attend_mma_kernel(
@@ -117,7 +128,8 @@ def launch_mla_decode(
         ).launch(grid=((q_len * n_heads + rows - 1) // rows, n_splits, n_req),
                  block=(k.ATTN_THREADS, 1, 1), stream=stream)
     k.combine_kernel(
-        o_part, lse_part, w_uv, gate, kv_scale, out, n_tokens, n_heads, n_splits, tokens_per_cta
+        o_part, lse_part, w_uv, gate, kv_scale, out, n_tokens, n_heads, gate_ts, n_splits,
+        tokens_per_cta
     ).launch(grid=(n_heads, token_groups, 4), block=(k.COMBINE_THREADS, 1, 1), stream=stream)
 
 
@@ -131,7 +143,7 @@ def _compile_args(cache_dtype: str) -> list[object]:
     ptrs = [_fake_ptr(t) for t in (bf16, bf16, bf16, f32)]
     ptrs += [_fake_ptr(CACHE_DTYPES[cache_dtype]), _fake_ptr(i32), _fake_ptr(i32)]
     ptrs += [_fake_ptr(t) for t in (bf16, bf16, bf16, f32, f32, f32)]
-    ints = [i32(1)] * 8
+    ints = [i32(1)] * 13
     return [*ptrs, *ints, cutlass.Float32(1.0), cuda.CUstream(0)]
 
 

@@ -34,8 +34,12 @@ NEG = -1.0e30  # finite "minus infinity" for running maxima (keeps exp2 free of 
 
 ATTN_THREADS = 128  # 4 warps
 ATTN_WARPS = ATTN_THREADS // 32
-ABSORB_THREADS = 128  # one latent column per thread, 4 column blocks per head
-COMBINE_THREADS = 128  # 32 output columns x 4 latent quarters, 4 column blocks per head
+ABSORB_THREADS = 128  # 4 warps split W_UK_T's 128 rows; lanes x 4 columns = 128 columns
+ABSORB_WARPS = ABSORB_THREADS // 32
+ABSORB_COLS = 128  # latent columns per absorb CTA: 4 column blocks per head
+COMBINE_THREADS = 128  # 32 output columns (4 per lane) x 16 latent row groups
+COMBINE_WARPS = COMBINE_THREADS // 32
+COMBINE_ROW_GROUPS = COMBINE_THREADS // 8
 
 
 def _ptr_tensor(ptr: cute.Pointer, n: int | cutlass.Int32) -> cute.Tensor:
@@ -54,49 +58,71 @@ def _exp2(x: cutlass.Float32) -> cutlass.Float32:
 # ---------------------------------------------------------------------------------------
 @cute.kernel
 def absorb_kernel(
-    q_nope: cute.Pointer,  # bf16 [T, H, 128]
-    q_pe: cute.Pointer,  # bf16 [T, H, 64]
+    q_nope: cute.Pointer,  # bf16 [T, H, 128], element (t, h, d) at t * qn_ts + h * qn_hs + d
+    q_pe: cute.Pointer,  # bf16 [T, H, 64], element (t, h, d) at t * qp_ts + h * qp_hs + d
     w_uk_t: cute.Pointer,  # bf16 [H, 128, 512]
     kv_scale: cute.Pointer,  # f32 [1]
     q_lat: cute.Pointer,  # f32 [T, H, 576]
     n_tokens: cutlass.Int32,
     n_heads: cutlass.Int32,
+    qn_ts: cutlass.Int32,
+    qn_hs: cutlass.Int32,
+    qp_ts: cutlass.Int32,
+    qp_hs: cutlass.Int32,
     softmax_scale: cutlass.Float32,
     tokens_per_cta: cutlass.Constexpr,
 ):
-    """One CTA per (head, token group, 128-column block); thread ``c`` owns one latent column."""
+    """One CTA per (head, token group, 128-column block). Warp ``w`` sums the 32 rows
+    ``32w .. 32w + 31`` of ``W_UK_T[h]``, lane ``l`` four adjacent columns (one 8-byte load per
+    row, all 32 in flight); the four warps' partial sums meet in shared memory."""
     tidx, _, _ = cute.arch.thread_idx()
+    lane = tidx % 32
+    warp = tidx // 32
     h, tg, cb = cute.arch.block_idx()
     smem = cutlass.memory.SmemAllocator()
     s_q = smem.allocate_tensor(cutlass.Float32, cute.make_layout((tokens_per_cta, D_NOPE)), 16)
+    s_red = smem.allocate_tensor(
+        cutlass.Float32, cute.make_layout((ABSORB_WARPS, tokens_per_cta, ABSORB_COLS)), 16)
     qscale = softmax_scale * LOG2E * _ptr_tensor(kv_scale, 1)[0]
     t0 = tg * tokens_per_cta
-    g_qn = _ptr_tensor(q_nope, n_tokens * n_heads * D_NOPE)
+    g_qn = _ptr_tensor(q_nope, n_tokens * qn_ts)
     for j in cutlass.range_constexpr(tokens_per_cta):
         t = cutlass.min(t0 + j, n_tokens - 1)
-        s_q[j, tidx] = g_qn[(t * n_heads + h) * D_NOPE + tidx].to(cutlass.Float32)
+        s_q[j, tidx] = g_qn[t * qn_ts + h * qn_hs + tidx].to(cutlass.Float32)
     cute.arch.sync_threads()
 
-    acc = cute.make_rmem_tensor(cute.make_layout(tokens_per_cta), cutlass.Float32)
+    acc = cute.make_rmem_tensor(cute.make_layout((tokens_per_cta, 4)), cutlass.Float32)
     acc.fill(0.0)
-    col = cb * ABSORB_THREADS + tidx
-    g_w = _ptr_tensor(w_uk_t, n_heads * D_NOPE * D_LAT)
-    w_base = h * (D_NOPE * D_LAT) + col
-    for k in cutlass.range(D_NOPE, unroll=32):
-        w = g_w[w_base + k * D_LAT].to(cutlass.Float32)
+    w_base = h * (D_NOPE * D_LAT) + cb * ABSORB_COLS + lane * 4
+    k0 = warp * (D_NOPE // ABSORB_WARPS)
+    for kk in cutlass.range(D_NOPE // ABSORB_WARPS, unroll=D_NOPE // ABSORB_WARPS):
+        k = k0 + kk
+        off = w_base + k * D_LAT
+        w = cute.make_tensor(w_uk_t + cute.assume(off, divby=4), cute.make_layout(4)).load()
+        wf = w.to(cutlass.Float32)
         for j in cutlass.range_constexpr(tokens_per_cta):
-            acc[j] = acc[j] + s_q[j, k] * w
+            qv = s_q[j, k]
+            for c in cutlass.range_constexpr(4):
+                acc[j, c] = acc[j, c] + qv * wf[c]
+    for j in cutlass.range_constexpr(tokens_per_cta):
+        for c in cutlass.range_constexpr(4):
+            s_red[warp, j, lane * 4 + c] = acc[j, c]
+    cute.arch.sync_threads()
 
+    col = cb * ABSORB_COLS + tidx
     g_out = _ptr_tensor(q_lat, n_tokens * n_heads * D_QK)
-    g_pe = _ptr_tensor(q_pe, n_tokens * n_heads * D_ROPE)
+    g_pe = _ptr_tensor(q_pe, n_tokens * qp_ts)
     for j in cutlass.range_constexpr(tokens_per_cta):
         t = t0 + j
         if t < n_tokens:
+            tot = cutlass.Float32(0.0)
+            for w in cutlass.range_constexpr(ABSORB_WARPS):
+                tot = tot + s_red[w, j, tidx]
             base = (t * n_heads + h) * D_QK
-            g_out[base + col] = acc[j] * qscale
+            g_out[base + col] = tot * qscale
             if cb == 0 and tidx < D_ROPE:
                 g_out[base + D_LAT + tidx] = (
-                    g_pe[(t * n_heads + h) * D_ROPE + tidx].to(cutlass.Float32) * qscale
+                    g_pe[t * qp_ts + h * qp_hs + tidx].to(cutlass.Float32) * qscale
                 )
 
 
@@ -251,34 +277,37 @@ def combine_kernel(
     o_part: cute.Pointer,  # f32 [splits, T * H, 512]
     lse_part: cute.Pointer,  # f32 [splits, T * H]
     w_uv: cute.Pointer,  # bf16 [H, 512, 128]
-    gate: cute.Pointer,  # bf16 [T, H * 128]
+    gate: cute.Pointer,  # bf16 [T, H * 128], row t at t * gate_ts
     kv_scale: cute.Pointer,  # f32 [1]
     out: cute.Pointer,  # bf16 [T, H * 128]
     n_tokens: cutlass.Int32,
     n_heads: cutlass.Int32,
+    gate_ts: cutlass.Int32,
     n_splits: cutlass.Int32,
     tokens_per_cta: cutlass.Constexpr,
 ):
     """One CTA per (head, token group, 32 output columns): merge splits, W_UV, scale, gate.
 
-    The split merge runs on all four warps (each a quarter of the splits); for ``W_UV`` thread
-    ``(quarter, col)`` sums a quarter of the 512 latent rows for one output column. Both
-    reductions go through shared memory. Padding tokens of the last group are skipped.
+    Split merge: warp ``w`` merges tokens ``w, w + 4, ...`` of the group on its own (lane: 16
+    latent dims; no barrier between tokens). ``W_UV``: lane ``l`` of warp ``w`` owns four
+    adjacent columns (``l % 8``) and the 32 latent rows ``i * 16 + 4w + l // 8`` (one 8-byte
+    load per row, all in flight; interleaved rows keep the shared-memory reads conflict-free);
+    the 16 row groups meet in shared memory. Padding tokens of the last group are skipped.
     """
     tidx, _, _ = cute.arch.thread_idx()
     h, tg, cb = cute.arch.block_idx()
     lane = tidx % 32
-    quarter = tidx // 32
+    warp = tidx // 32
     total_rows = n_tokens * n_heads
     smem = cutlass.memory.SmemAllocator()
     s_lat = smem.allocate_tensor(
         cutlass.Float32, cute.make_layout((tokens_per_cta, D_LAT)), 16)
     s_red = smem.allocate_tensor(
-        cutlass.Float32, cute.make_layout((4, tokens_per_cta, 32)), 16)
-    s_part = smem.allocate_tensor(cutlass.Float32, cute.make_layout((4, D_LAT)), 16)
+        cutlass.Float32, cute.make_layout((COMBINE_ROW_GROUPS, tokens_per_cta, 32)), 16)
     g_lse = _ptr_tensor(lse_part, n_splits * total_rows)
     t0 = tg * tokens_per_cta
-    for j in cutlass.range_constexpr(tokens_per_cta):
+    for jj in cutlass.range_constexpr(tokens_per_cta // COMBINE_WARPS):
+        j = jj * COMBINE_WARPS + warp
         if t0 + j < n_tokens:
             row = (t0 + j) * n_heads + h
             mx = cutlass.Float32(-math.inf)
@@ -291,10 +320,9 @@ def combine_kernel(
                 den = den + _exp2(g_lse[sp * total_rows + row] - mx_safe)
             den = cute.arch.warp_reduction(den, lambda a, b: a + b)
             inv = cutlass.select_(den > 0.0, 1.0 / den, 0.0)
-            # warp `quarter` sums splits quarter, quarter + 4, ...; lane owns 16 latent dims
             v = cute.make_rmem_tensor(cute.make_layout(16), cutlass.Float32)
             v.fill(0.0)
-            for sp in cutlass.range(quarter, n_splits, 4, unroll=2):
+            for sp in cutlass.range(n_splits, unroll=4):
                 wgt = _exp2(g_lse[sp * total_rows + row] - mx_safe) * inv
                 base = (cutlass.Int64(sp) * total_rows + row) * D_LAT + lane * 16
                 part = cute.make_tensor(
@@ -302,34 +330,37 @@ def combine_kernel(
                 for c in cutlass.range_constexpr(16):
                     v[c] = v[c] + wgt * part[c]
             for c in cutlass.range_constexpr(16):
-                s_part[quarter, lane * 16 + c] = v[c]
-            cute.arch.sync_threads()
-            for c in cutlass.range_constexpr(4):
-                d = tidx * 4 + c
-                s_lat[j, d] = s_part[0, d] + s_part[1, d] + s_part[2, d] + s_part[3, d]
-            cute.arch.sync_threads()
+                s_lat[j, lane * 16 + c] = v[c]
+    cute.arch.sync_threads()
 
-    acc = cute.make_rmem_tensor(cute.make_layout(tokens_per_cta), cutlass.Float32)
+    acc = cute.make_rmem_tensor(cute.make_layout((tokens_per_cta, 4)), cutlass.Float32)
     acc.fill(0.0)
-    col = cb * 32 + lane
-    g_w = _ptr_tensor(w_uv, n_heads * D_LAT * D_V)
-    w_base = h * (D_LAT * D_V) + col
-    l0 = quarter * (D_LAT // 4)
-    for li in cutlass.range(l0, l0 + D_LAT // 4, unroll=16):
-        w = g_w[w_base + li * D_V].to(cutlass.Float32)
+    rg = warp * 4 + lane // 8
+    w_base = h * (D_LAT * D_V) + cb * 32 + (lane % 8) * 4
+    for i in cutlass.range(D_LAT // COMBINE_ROW_GROUPS, unroll=D_LAT // COMBINE_ROW_GROUPS):
+        li = i * COMBINE_ROW_GROUPS + rg
+        off = w_base + li * D_V
+        w = cute.make_tensor(w_uv + cute.assume(off, divby=4), cute.make_layout(4)).load()
+        wf = w.to(cutlass.Float32)
         for j in cutlass.range_constexpr(tokens_per_cta):
-            acc[j] = acc[j] + s_lat[j, li] * w
+            lv = s_lat[j, li]
+            for c in cutlass.range_constexpr(4):
+                acc[j, c] = acc[j, c] + lv * wf[c]
     for j in cutlass.range_constexpr(tokens_per_cta):
-        s_red[quarter, j, lane] = acc[j]
+        for c in cutlass.range_constexpr(4):
+            s_red[rg, j, (lane % 8) * 4 + c] = acc[j, c]
     cute.arch.sync_threads()
     scale = _ptr_tensor(kv_scale, 1)[0]
-    g_gate = _ptr_tensor(gate, n_tokens * n_heads * D_V)
+    g_gate = _ptr_tensor(gate, n_tokens * gate_ts)
     g_out = _ptr_tensor(out, n_tokens * n_heads * D_V)
-    for j in cutlass.range_constexpr(tokens_per_cta):
+    col = cb * 32 + lane
+    for jj in cutlass.range_constexpr(tokens_per_cta // COMBINE_WARPS):
+        j = jj * COMBINE_WARPS + warp
         t = t0 + j
-        if quarter == 0 and t < n_tokens:
-            tot = s_red[0, j, lane] + s_red[1, j, lane] + s_red[2, j, lane] + s_red[3, j, lane]
-            idx = t * (n_heads * D_V) + h * D_V + col
-            gv = g_gate[idx].to(cutlass.Float32)
+        if t < n_tokens:
+            tot = cutlass.Float32(0.0)
+            for g in cutlass.range_constexpr(COMBINE_ROW_GROUPS):
+                tot = tot + s_red[g, j, lane]
+            gv = g_gate[t * gate_ts + h * D_V + col].to(cutlass.Float32)
             sig = 1.0 / (1.0 + _exp2(-gv * LOG2E))
-            g_out[idx] = (tot * scale * sig).to(cutlass.BFloat16)
+            g_out[t * (n_heads * D_V) + h * D_V + col] = (tot * scale * sig).to(cutlass.BFloat16)

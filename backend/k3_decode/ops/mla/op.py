@@ -105,7 +105,8 @@ def mla_decode(
     fn(_ptr(q_nope), _ptr(q_pe), _ptr(w_uk_t), _ptr(scale_t), _ptr(kv_cache), _ptr(block_table),
        _ptr(seq_lens), _ptr(gate), _ptr(w_uv), _ptr(out), _ptr(q_lat), _ptr(o_part),
        _ptr(lse_part), shape.n_req, shape.n_heads, shape.q_len, shape.max_blocks,
-       shape.block_size, chunk, shape.max_context, splits, float(softmax_scale), stream)
+       shape.block_size, chunk, shape.max_context, splits, *q_nope.stride()[:2],
+       *q_pe.stride()[:2], gate.stride(0), float(softmax_scale), stream)
     return out
 
 
