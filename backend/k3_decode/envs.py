@@ -32,9 +32,6 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # "0": the router and the MoE front projection are two launches at every batch (default: one
     # launch at 1-2 tokens).
     "K3_DECODE_ROUTER_FRONT": lambda: os.environ.get("K3_DECODE_ROUTER_FRONT", "1") != "0",
-    # "1": prefetch the next weight into L2 on a side stream while a kernel that leaves DRAM idle
-    # runs (executor/kernel_ops.py); off by default: not yet measured on the H200.
-    "K3_DECODE_L2_PREFETCH": lambda: os.environ.get("K3_DECODE_L2_PREFETCH", "0") == "1",
 }
 
 

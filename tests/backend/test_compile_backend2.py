@@ -23,9 +23,7 @@ from backend.k3_decode.ops.attn_res.op import AttnResKey, compile_attn_res
 from backend.k3_decode.ops.gemv.op import GemvKey, compile_gemv
 from backend.k3_decode.ops.moe.op import MoeKey, compile_moe
 from backend.k3_decode.ops.router.op import RouterKey, compile_router
-from backend.k3_decode.ops.prefetch import compile_prefetch
 arch = sys.argv[1]
-compile_prefetch(arch)
 compile_gemv(GemvKey(7168, 1, False, arch))
 compile_gemv(GemvKey(384, 8, True, arch))
 compile_gemv(GemvKey(7168, 64, False, arch, "mma"))
@@ -43,7 +41,7 @@ compile_attn_res(AttnResKey(7168, 8, True, True, True, 1e-6, 1e-6, arch))
 print("COMPILED", arch)
 """
 KERNELS = ("gemv_kernel", "gemv_mma_kernel", "router_kernel", "moe_w13_kernel", "moe_w2_kernel",
-           "attn_res_kernel", "l2_prefetch_kernel")
+           "attn_res_kernel")
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])

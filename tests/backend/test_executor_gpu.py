@@ -201,18 +201,6 @@ def test_router_front_launch_gives_the_same_step(monkeypatch) -> None:
     assert len(M.layer_kernels(apart, 1, inp)) == 10
 
 
-@pytest.mark.parametrize("reqs", [1, 4])
-def test_l2_prefetch_gives_the_same_step(reqs: int) -> None:
-    """``KernelOps(l2_prefetch=True)`` (prefetch kernels on a third stream, forked and joined
-    inside the CUDA graph) replays to the same logits, bit for bit: a prefetch writes nothing."""
-    _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
-    pf = Executor(KernelOps(spec.weights.config, max_context=1024, l2_prefetch=True),
-                  spec.weights, spec.caches.clone(), max_tokens=reqs)
-    assert _same_replay(pf, spec, inp, "executor_l2_prefetch", f"tp8-r{reqs}-graph-replay-bitwise")
-    names = M.layer_kernels(pf, 1, inp)
-    assert sum("l2_prefetch" in n for n in names) == 2  # o_proj during KDA, tail during experts
-
-
 def test_greedy_agreement_over_512_steps() -> None:
     """Teacher-forced greedy decode (TP8, 2 requests from 1k context): the specialized and the
     stock-equivalent executor against float64, per step; the specialized path must agree with

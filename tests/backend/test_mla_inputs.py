@@ -168,16 +168,17 @@ def test_output_buffer_must_match_the_gate():
 
 def test_short_contexts_get_short_chunks_up_to_min_ctas():
     """mma tiling (16 rows per CTA, 64-token iterations, >= 512-token chunks, 2 CTAs per SM):
-    at 1k context one request would run 2 CTAs; ``min_ctas=32`` cuts 64-token chunks instead,
+    at 1k context one request would run 2 CTAs; ``min_ctas=64`` cuts 64-token chunks instead,
     never past the context, and leaves long contexts and large batches as they were."""
-    def plan(n_req: int, ctx: int, min_ctas: int = 32) -> tuple[int, int]:
+    def plan(n_req: int, ctx: int, min_ctas: int = 64) -> tuple[int, int]:
         shape = MlaShape(n_req, 12, 1, 64, ctx // 64 + 1, ctx, "fp8")
         return plan_splits(shape, 16, 64, 132, min_chunk=512, ctas_per_sm=2, min_ctas=min_ctas)
 
     assert plan(1, 1024, 0) == (2, 512)
     assert plan(1, 1024) == (16, 64)  # capped by 64-token chunks
-    assert plan(1, 4096) == (32, 128)
-    assert plan(8, 1024) == (4, 256)  # 8 requests x 4 splits = 32 CTAs
+    assert plan(1, 4096) == (64, 64)
+    assert plan(8, 1024) == (8, 128)  # 8 requests x 8 splits = 64 CTAs
+    assert plan(1, 4096, 32) == (32, 128)
     assert plan(1, 100) == (2, 64)
     assert plan(1, 32768) == plan(1, 32768, 0) == (64, 512)
     assert plan(64, 1024) == plan(64, 1024, 0) == (2, 512)

@@ -132,31 +132,5 @@ def test_auto_variant_table():
     assert pick_variant("mma", 1) == "mma" and pick_variant("simt", 64) == "simt"
 
 
-def test_l2_prefetch_checks_and_plan():
-    """The prefetch op refuses what it cannot prefetch as one byte range, before any launch;
-    its grid covers every 128-byte line with 8 lines per thread."""
-    from backend.k3_decode.ops.prefetch import PrefetchInputError, l2_prefetch
-    from backend.k3_decode.ops.prefetch.op import plan
-
-    w = torch.zeros(64, 128, dtype=BF)  # 16384 bytes
-    with pytest.raises(PrefetchInputError, match="contiguous"):
-        l2_prefetch(w.T)
-    with pytest.raises(PrefetchInputError, match=r"nbytes=16385 must be an int in 0..16384"):
-        l2_prefetch(w, 16385)
-    with pytest.raises(PrefetchInputError, match="nbytes=-1"):
-        l2_prefetch(w, -1)
-    with pytest.raises(PrefetchInputError, match="needs a CUDA tensor"):
-        l2_prefetch(w)
-    assert plan(128) == (1, 1) and plan(129) == (2, 1)
-    assert plan(256 * 8 * 128) == (2048, 1) and plan(256 * 8 * 128 + 1) == (2049, 2)
-    lines, ctas = plan(22 << 20)
-    assert ctas * 256 * 8 >= lines > (ctas - 1) * 256 * 8
-    for nbytes in (1, 128, 129, 300_000, 256 * 8 * 128 * 3 + 5):  # the kernel's index map
-        lines, ctas = plan(nbytes)
-        step = ctas * 256
-        got = sorted(g + step * r for g in range(step) for r in range(8) if g + step * r < lines)
-        assert got == list(range(lines))
-
-
 def test_token_tile_table():
     assert [pick_token_tile(t) for t in (1, 2, 3, 4, 5, 8, 9, 64)] == [1, 2, 4, 4, 8, 8, 8, 8]

@@ -9,14 +9,11 @@ them apart always), MXFP4 experts (2: the w2 kernel also writes the latent RMSNo
 experts' SiTU-GLU; with ``K3_DECODE_PREP=torch`` a torch prep does that instead), tail projection
 ``[up * norm_w | shared down]`` (the routed output and the shared experts are summed inside that
 one GEMV). With ``side_stream=True`` a separate router runs on a second stream beside the front
-projection (joined before the experts). With ``l2_prefetch`` (``K3_DECODE_L2_PREFETCH=1``; off by
-default until measured) a third stream prefetches up to ``prefetch_bytes`` of the next weight
-into L2 while a kernel that leaves DRAM idle runs: o_proj during the KDA / MLA attention, the
-MoE tail during the experts (joined after that weight's GEMV). The MLA layer: one fused
-``q_a|kv_a|k_pe|gate`` projection, q_a RMSNorm, fused kv RMSNorm + cache insert, one q_b
-projection, the three-kernel MLA decode (reading the gate and q_nope / q_pe as row-strided views
-of those outputs), o_proj.
-Dense layer 0: gate_up, SiTU, down.
+projection (joined before the experts). The MLA layer: one fused ``q_a|kv_a|k_pe|gate``
+projection, q_a RMSNorm, fused kv RMSNorm + cache insert, one q_b projection, the three-kernel
+MLA decode (reading the gate and q_nope / q_pe as row-strided views of those outputs), o_proj.
+Dense layer 0: gate_up, SiTU, down. (An L2 prefetch of the next weight on a third stream was
+measured on the H200 and cost time; it was removed, see backend/NOTES.md session 5.)
 """
 
 from __future__ import annotations
@@ -60,8 +57,7 @@ class KernelOps:
     name = "specialized"
 
     def __init__(self, cfg: K3Config, *, side_stream: bool = False,
-                 max_context: int | None = None, l2_prefetch: bool | None = None,
-                 prefetch_bytes: int = 24 << 20) -> None:
+                 max_context: int | None = None) -> None:
         from backend.k3_decode.ops.attn_res import attn_res_norm
         from backend.k3_decode.ops.gemv import gemv
         from backend.k3_decode.ops.kda import kda_decode
@@ -80,12 +76,6 @@ class KernelOps:
         self.max_context = max_context
         self._side = torch.cuda.Stream() if side_stream else None
         self._router_front = envs.K3_DECODE_ROUTER_FRONT
-        if l2_prefetch is None:
-            l2_prefetch = envs.K3_DECODE_L2_PREFETCH
-        self._pf = torch.cuda.Stream() if l2_prefetch else None
-        self.prefetch_bytes = prefetch_bytes
-        """Most bytes of a weight prefetched into L2 (the L2 is ~60 MB; the experts pass through
-        it too)."""
         self.skip_experts = False
         """Benchmark aid: skip the routed experts (the latent goes straight to the norm)."""
         self._counters: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -98,26 +88,6 @@ class KernelOps:
             self._counters[dev] = (torch.zeros(4, dtype=torch.int32, device=dev),
                                    torch.zeros(MOE_MAX_TOKENS, dtype=torch.int32, device=dev))
         return self._counters[dev]
-
-    def _prefetch(self, w: torch.Tensor) -> None:
-        """With ``l2_prefetch``: fork the prefetch stream from the current one and prefetch up to
-        ``prefetch_bytes`` of ``w`` there (it runs beside the kernels launched next); the
-        weight's consumer then runs through ``_gemv_joined``."""
-        if self._pf is None:
-            return
-        from backend.k3_decode.ops.prefetch import l2_prefetch
-
-        self._pf.wait_stream(torch.cuda.current_stream(w.device))
-        with torch.cuda.stream(self._pf):
-            l2_prefetch(w, min(self.prefetch_bytes, w.numel() * w.element_size()))
-
-    def _gemv_joined(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """``x @ w.T`` into ``out``, then join the prefetch stream back, if there is one (a CUDA
-        graph must end on its origin stream)."""
-        res = self._gemv(x, w, out)
-        if self._pf is not None:
-            torch.cuda.current_stream(x.device).wait_stream(self._pf)
-        return res
 
     def embed(self, table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Embedding gather (one torch index_select)."""
@@ -137,13 +107,12 @@ class KernelOps:
         k = self.cfg.kda
         hd = k.num_heads * k.head_dim
         proj = self._gemv(h, w.in_proj)
-        self._prefetch(w.o_proj)  # while the KDA kernel runs (small bytes)
         o = self._kda(proj[:, : 3 * hd], proj[:, 4 * hd : 4 * hd + k.f_rank],
                       proj[:, 4 * hd + k.f_rank : 4 * hd + k.f_rank + k.num_heads],
                       proj[:, 3 * hd : 4 * hd], w.f_b, w.conv_w, w.dt_bias, w.a_log, w.norm_w,
                       cache.conv_state, cache.state, inp.state_indices, inp.num_accepted,
                       gate_form=k.gate_form, lower_bound=k.gate_lower_bound, norm_eps=k.norm_eps)
-        return self._gemv_joined(o, w.o_proj, out)
+        return self._gemv(o, w.o_proj, out)
 
     def mla(self, w: MlaWeights, h: torch.Tensor, cache: MlaCache, inp: StepInputs,
             out: torch.Tensor) -> torch.Tensor:
@@ -161,12 +130,11 @@ class KernelOps:
                      cache.kv_scale, q_per_request=inp.q, eps=m.norm_eps)
         qb = self._gemv(qn, w.q_b).view(t, nh, nope + rope)  # per head [nope | rope], one GEMV
         q_nope, q_pe = qb[..., :nope], qb[..., nope:]
-        self._prefetch(w.o_proj)  # while the latency-bound attention runs
         o = self._mla(q_nope, q_pe, gate, cache.kv_cache, inp.block_table, inp.seq_lens,
                       w.w_uk_t, w.w_uv, q_per_request=inp.q, kv_scale=cache.kv_scale,
                       softmax_scale=m.softmax_scale, max_context=self.max_context,
                       check_lengths=False)
-        return self._gemv_joined(o, w.o_proj, out)
+        return self._gemv(o, w.o_proj, out)
 
     def moe(self, w: MoeWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Router (optionally on the side stream), front GEMV, MXFP4 experts, prep, tail GEMV."""
@@ -189,7 +157,6 @@ class KernelOps:
             wts, ids, _ = self._route(h, w.gate_w, w.bias, mo.top_k, mo.routed_scaling_factor,
                                       counter=c_route)
             fr = self._gemv(h, front)
-        self._prefetch(tail)  # while the experts run (well below the ceiling)
         s = w.shared_down.shape[1]
         xt = torch.empty(h.shape[0], lat + s, dtype=h.dtype, device=h.device)
         glu = {"beta": mo.situ_beta, "linear_beta": mo.situ_linear_beta}
@@ -201,7 +168,7 @@ class KernelOps:
             self._moe(fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, xt,
                       normalize=True, gu=fr[:, lat:], eps=self.cfg.rms_eps, counter=c_moe,
                       **glu)
-        return self._gemv_joined(xt, tail, out)
+        return self._gemv(xt, tail, out)
 
     def dense(self, w: DenseWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Dense layer 0: gate_up GEMV, SiTU, down GEMV."""
