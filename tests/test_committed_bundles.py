@@ -184,3 +184,84 @@ def test_h200_session4b_bundle_ran_commit_a88ab5f() -> None:
     finally:
         git("worktree", "remove", "--force", str(work / "t"))
         shutil.rmtree(work, ignore_errors=True)
+
+
+S5_COMMIT, S5_DEVICE_COMMIT = "cd6d66e", "7a43e97"
+KIT_DIRS = (".devrun", ".gpu-wheels", ".whl-f1")  # carried to the device, ignored here
+
+
+def _git(*args: str):
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(BUNDLES.parent), *args], capture_output=True,
+                          text=True)
+
+
+def _has_commits(*commits: str) -> bool:
+    return all(_git("cat-file", "-e", f"{c}^{{commit}}").returncode == 0 for c in commits)
+
+
+def test_h200_session5_bundle_ran_commit_cd6d66e() -> None:
+    """Session 5, run 21 (MLA absorb / combine rewrite, strided MLA inputs and fused MLA GEMVs,
+    short-context split plan, L2 prefetch removed): kernels PASS (451 cases, incl. the strided
+    MLA views and the kernel count 9 / 10), perf and proof PASS, isolation NOT_RUN. The device's
+    .git was the session-start commit 7a43e97, so the bundle names it (dirty): its changed code
+    paths are exactly the diff 7a43e97..cd6d66e, plus the five older bundle archives (moved out
+    to fit the 64 MiB carry) and the device kit files (untracked there)."""
+    archive = BUNDLES / "h200-executor-s5-2026-11-29/bundle.tar.gz"
+    env = _archive_json(archive, "environment.json")
+    assert env["gpus"][0]["name"] == "NVIDIA H200"
+    assert env["git"]["commit"].startswith(S5_DEVICE_COMMIT) and env["git"]["dirty"]
+    kernels = _archive_json(archive, "reports/kernels.json")
+    assert kernels["status"] == "PASS" and kernels["failed"] == 0 and kernels["passed"] == 451
+    cases = kernels["cases"]
+    assert sum(c["op"] == "mla_decode" and c["case"].endswith("/strided") for c in cases) == 12
+    assert any(c["op"] == "executor_kernels" and "spec=9 spec_b4=10" in c["case"] and c["passed"]
+               for c in cases)
+    for tier in ("perf", "proof"):
+        assert _archive_json(archive, f"reports/{tier}.json")["status"] == "PASS"
+    assert _archive_json(archive, "verdict.json")["outcome"] == "INCOMPLETE"
+    changed = env["git"]["changed"]
+    archives = {p for p in changed if p.startswith("bundles/")}
+    assert archives == {f"bundles/h200-executor-{n}-2026-11-29/bundle.tar.gz"
+                        for n in ("perf", "kernels", "s3", "s4", "s4b")}
+    code = {p for p in changed if p not in archives and not p.startswith(KIT_DIRS)}
+    if not _has_commits(S5_COMMIT, S5_DEVICE_COMMIT):
+        pytest.skip("this clone lacks commits 7a43e97 / cd6d66e (shallow history)")
+    diff = _git("diff", "--name-only", S5_DEVICE_COMMIT, S5_COMMIT).stdout.split()
+    assert code == set(diff)
+
+
+def test_h200_session5_bundle_tree_digest_is_commit_cd6d66e() -> None:
+    """The s5 tree digest recomputed from a worktree of cd6d66e: the paths tracked at 7a43e97
+    (the device's index) plus the untracked kit files, the five older archives removed. Needs
+    the device kit files (``.gpu-wheels``, ``.whl-f1``: wheels that are not in git, and the
+    ``.devrun`` scripts as they were at run 21), so it runs only in a workspace that has them;
+    a clean clone skips it and relies on the changed-path check above."""
+    import shutil
+    import tempfile
+
+    from k3fasttrack.envinfo import tree_digest
+
+    root = BUNDLES.parent
+    if not all((root / d).is_dir() for d in KIT_DIRS):
+        pytest.skip("needs the device kit files (.devrun, .gpu-wheels, .whl-f1), absent here")
+    if not _has_commits(S5_COMMIT, S5_DEVICE_COMMIT):
+        pytest.skip("this clone lacks commits 7a43e97 / cd6d66e (shallow history)")
+    env = _archive_json(BUNDLES / "h200-executor-s5-2026-11-29/bundle.tar.gz", "environment.json")
+    paths = [p for p in _git("ls-tree", "-r", "--name-only", "-z", S5_DEVICE_COMMIT
+                             ).stdout.split("\0") if p]
+    work = Path(tempfile.mkdtemp(prefix="k3ft-cd6d66e-"))
+    try:
+        t = work / "t"
+        assert _git("worktree", "add", "--detach", "-f", str(t), S5_COMMIT).returncode == 0
+        for name in ("perf", "kernels", "s3", "s4", "s4b"):
+            (t / f"bundles/h200-executor-{name}-2026-11-29/bundle.tar.gz").unlink()
+        kit = [p for p in env["git"]["changed"] if p.startswith(KIT_DIRS)]
+        for p in kit:
+            (t / p).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / p, t / p)
+        assert tree_digest(t, paths + kit) == env["git"]["tree_digest"]
+    finally:
+        _git("worktree", "remove", "--force", str(work / "t"))
+        shutil.rmtree(work, ignore_errors=True)
