@@ -33,13 +33,13 @@ from backend.k3_decode.ops.gemv.timing import copy_ceiling_tbs
 LAYER_NAMES = {0: "dense0 (KDA + dense MLP)", 1: "KDA + MoE", 3: "MLA + MoE"}
 
 
-def _pair(cfg, w, reqs: int, ctx: int, seed: int, side: bool = False
+def _pair(cfg, w, reqs: int, ctx: int, seed: int, side: bool = False, pdl: bool = False
           ) -> tuple[Executor, Executor, object]:
     inp = synthetic_step(reqs, 1, ctx, vocab=w.lm_head.shape[0], seed=seed, device="cuda")
     layers = [(layer.index, layer.kind) for layer in w.layers]
     caches = make_caches(cfg, layers, slots=1 + reqs, num_blocks=blocks_needed(reqs, ctx),
                          seed=seed, device="cuda")
-    spec = Executor(KernelOps(cfg, max_context=ctx, side_stream=side), w,
+    spec = Executor(KernelOps(cfg, max_context=ctx, side_stream=side, pdl=pdl), w,
                     caches.clone(), max_tokens=reqs)
     stock = Executor(TorchOps(cfg), w, caches, max_tokens=reqs)
     return spec, stock, inp
@@ -112,13 +112,15 @@ def main() -> int:
     ap.add_argument("--side-stream", action="store_true",
                     help="specialized executor with the router on a side stream (beside the "
                     "front projection)")
+    ap.add_argument("--pdl", action="store_true",
+                    help="specialized executor with its GEMVs as programmatic dependent launches")
     args = ap.parse_args()
     t0 = time.time()
     cfg = k3_config(args.tp)
     w = random_model(cfg, args.depth, device="cuda", num_experts=args.experts)
     ceiling = copy_ceiling_tbs()
     out: dict = {"tp": args.tp, "depth": args.depth, "experts": args.experts,
-                 "side_stream": args.side_stream,
+                 "side_stream": args.side_stream, "pdl": args.pdl,
                  "ceiling_tbs": ceiling, "layers": [],
                  "steps": [], "agreement": None}
     batches = [int(b) for b in args.batches.split(",")]
@@ -134,7 +136,7 @@ def main() -> int:
         for ci, ctx in enumerate(contexts):
             if ci and b not in long_batches:
                 continue
-            spec, stock, inp = _pair(cfg, w, b, ctx, seed=b, side=args.side_stream)
+            spec, stock, inp = _pair(cfg, w, b, ctx, seed=b, side=args.side_stream, pdl=args.pdl)
             for pos in ((0, 1, 3) if ci == 0 else (3,)):
                 row = _layer_row(spec, stock, inp, pos, ctx, ceiling, counts=(ci == 0))
                 out["layers"].append(row)
@@ -154,7 +156,8 @@ def main() -> int:
 
 def _print_tables(out: dict) -> None:
     print(f"ceiling {out['ceiling_tbs']:.2f} TB/s; TP{out['tp']}, {out['experts']} experts; "
-          f"router on a side stream: {'yes' if out.get('side_stream') else 'no'}")
+          f"router on a side stream: {'yes' if out.get('side_stream') else 'no'}; "
+          f"PDL GEMVs: {'yes' if out.get('pdl') else 'no'}")
     print("spec us / stock us: CUDA-graph replay of the layer (launch gaps included); kernel sum: "
           "the layer's kernel times added up (eager, torch profiler), its roofline fraction")
     print("| layer | batch | context | spec us | stock us | speedup | roofline us | of roofline "

@@ -32,6 +32,9 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # "0": the router and the MoE front projection are two launches at every batch (default: one
     # launch at 1-2 tokens).
     "K3_DECODE_ROUTER_FRONT": lambda: os.environ.get("K3_DECODE_ROUTER_FRONT", "1") != "0",
+    # "1": GEMVs are programmatic dependent launches (their weight loads start while the
+    # previous kernel runs; every kernel signals `griddepcontrol.launch_dependents` at its start).
+    "K3_DECODE_PDL": lambda: os.environ.get("K3_DECODE_PDL", "0") == "1",
 }
 
 

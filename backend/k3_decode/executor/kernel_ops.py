@@ -9,7 +9,8 @@ them apart always), MXFP4 experts (2: the w2 kernel also writes the latent RMSNo
 experts' SiTU-GLU; with ``K3_DECODE_PREP=torch`` a torch prep does that instead), tail projection
 ``[up * norm_w | shared down]`` (the routed output and the shared experts are summed inside that
 one GEMV). With ``side_stream=True`` a separate router runs on a second stream beside the front
-projection (joined before the experts). The MLA layer: one fused ``q_a|kv_a|k_pe|gate``
+projection (joined before the experts). With ``pdl`` (``K3_DECODE_PDL=1``) the GEMVs are
+programmatic dependent launches: their first weight loads go out while the previous kernel runs. The MLA layer: one fused ``q_a|kv_a|k_pe|gate``
 projection, q_a RMSNorm, fused kv RMSNorm + cache insert, one q_b projection, the three-kernel
 MLA decode (reading the gate and q_nope / q_pe as row-strided views of those outputs), o_proj.
 Dense layer 0: gate_up, SiTU, down. (An L2 prefetch of the next weight on a third stream was
@@ -17,6 +18,8 @@ measured on the H200 and cost time; it was removed, see backend/NOTES.md session
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -57,7 +60,7 @@ class KernelOps:
     name = "specialized"
 
     def __init__(self, cfg: K3Config, *, side_stream: bool = False,
-                 max_context: int | None = None) -> None:
+                 max_context: int | None = None, pdl: bool | None = None) -> None:
         from backend.k3_decode.ops.attn_res import attn_res_norm
         from backend.k3_decode.ops.gemv import gemv
         from backend.k3_decode.ops.kda import kda_decode
@@ -70,7 +73,10 @@ class KernelOps:
         self._torch_prep = envs.K3_DECODE_PREP == "torch"
         if self._torch_prep:  # fallback, see NOTES.md
             rms_glu_prep, mla_kv_insert = torch_rms_glu_prep, torch_mla_kv_insert
-        self._gemv, self._kda, self._mla, self._moe = gemv, kda_decode, mla_decode, moe_experts
+        self.pdl = envs.K3_DECODE_PDL if pdl is None else pdl
+        """GEMVs as programmatic dependent launches (`gemv(pdl=...)`)."""
+        self._gemv = functools.partial(gemv, pdl=self.pdl)
+        self._kda, self._mla, self._moe = kda_decode, mla_decode, moe_experts
         self._route, self._attn_res, self._prep, self._insert = (route, attn_res_norm,
                                                                  rms_glu_prep, mla_kv_insert)
         self.max_context = max_context

@@ -78,6 +78,7 @@ def attn_res_kernel(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
                     write_block: cutlass.Constexpr, out_norm: cutlass.Constexpr,
                     eps: cutlass.Constexpr, out_eps: cutlass.Constexpr):
     """One token: prefix update, online-softmax mix over the sources, output RMSNorm."""
+    cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
     tok, _, _ = cute.arch.block_idx()
     per = h // (THREADS * V)
     n = per * V

@@ -30,8 +30,13 @@ def group_size(per_lane: int) -> int:
 
 @cute.jit
 def row_dot(w_row: cute.Pointer, x: cute.Pointer, ld_x: I64, tok0: I32, n_tok: I32,
-            acc: cute.Tensor, k: cutlass.Constexpr, tt: cutlass.Constexpr):
-    """acc[t] = lane's partial of W[row] . x[tok0 + t] over its vectors (tokens clamped to T-1)."""
+            acc: cute.Tensor, k: cutlass.Constexpr, tt: cutlass.Constexpr,
+            pdl: cutlass.Constexpr = False):
+    """acc[t] = lane's partial of W[row] . x[tok0 + t] over its vectors (tokens clamped to T-1).
+
+    `pdl` (programmatic dependent launch): the first group of weight loads is issued, then
+    `griddepcontrol.wait` holds the warp until the previous kernel on the stream has finished
+    and its writes are visible; only then is x read (x is that kernel's output)."""
     lane = cute.arch.lane_idx()
     nvec = k // VEC
     per_lane = (nvec + 31) // 32
@@ -48,6 +53,8 @@ def row_dot(w_row: cute.Pointer, x: cute.Pointer, ld_x: I64, tok0: I32, n_tok: I
             else:
                 if c < nvec:
                     cute.copy(cp, vec(w_row + c * VEC, BF16, VEC, 16), wr[None, i])
+        if cutlass.const_expr(pdl and g == 0):
+            cute.arch.griddepcontrol_wait()
         for t in cutlass.range_constexpr(tt):
             tok = cutlass.min(tok0 + t, n_tok - 1)
             for i in cutlass.range_constexpr(gs):
@@ -70,11 +77,12 @@ def row_dot(w_row: cute.Pointer, x: cute.Pointer, ld_x: I64, tok0: I32, n_tok: I
 
 @cute.jit
 def gemv_row(w: cute.Pointer, x: cute.Pointer, y: cute.Pointer, row: I32, tok0: I32, n_tok: I32,
-             ld_x: I64, ld_y: I64, k: cutlass.Constexpr, tt: cutlass.Constexpr):
+             ld_x: I64, ld_y: I64, k: cutlass.Constexpr, tt: cutlass.Constexpr,
+             pdl: cutlass.Constexpr = False):
     """One warp: y[tok0 + t, row] = W[row] . x[tok0 + t] for the tile's tokens (lane 0 writes,
     in y's dtype)."""
     acc = cute.make_rmem_tensor((tt,), F32)
-    row_dot(w + row.to(I64) * k, x, ld_x, tok0, n_tok, acc, k, tt)
+    row_dot(w + row.to(I64) * k, x, ld_x, tok0, n_tok, acc, k, tt, pdl)
     if cute.arch.lane_idx() == 0:
         yt = cute.make_tensor(y, cute.make_layout((1 << 30,)))
         for t in cutlass.range_constexpr(tt):
@@ -84,20 +92,23 @@ def gemv_row(w: cute.Pointer, x: cute.Pointer, y: cute.Pointer, row: I32, tok0: 
 
 @cute.kernel
 def gemv_kernel(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I32, n_tok: I32,
-                ld_x: I64, ld_y: I64, k: cutlass.Constexpr, tt: cutlass.Constexpr):
+                ld_x: I64, ld_y: I64, k: cutlass.Constexpr, tt: cutlass.Constexpr,
+                pdl: cutlass.Constexpr):
     """One warp per weight row, `tt` tokens per CTA; y is bf16 or fp32 (y's pointer type)."""
+    cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched next kernel may start
     warp = cute.arch.warp_idx()
     rb, tb, _ = cute.arch.block_idx()
     row = rb * WARPS + warp
     if row < n_rows:
-        gemv_row(w, x, y, row, tb * tt, n_tok, ld_x, ld_y, k, tt)
+        gemv_row(w, x, y, row, tb * tt, n_tok, ld_x, ld_y, k, tt, pdl)
 
 
 @cute.jit
 def gemv_launch(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I32, n_tok: I32,
                 ld_x: I64, ld_y: I64, stream: cuda.CUstream, k: cutlass.Constexpr,
-                tt: cutlass.Constexpr):
-    """Host side: grid (ceil(N/8), ceil(T/tt)) on the caller's stream (CUDA-graph safe)."""
-    gemv_kernel(x, w, y, n_rows, n_tok, ld_x, ld_y, k, tt).launch(
+                tt: cutlass.Constexpr, pdl: cutlass.Constexpr = False):
+    """Host side: grid (ceil(N/8), ceil(T/tt)) on the caller's stream (CUDA-graph safe);
+    `pdl`: a programmatic dependent launch (it may start while the previous kernel runs)."""
+    gemv_kernel(x, w, y, n_rows, n_tok, ld_x, ld_y, k, tt, pdl).launch(
         grid=((n_rows + WARPS - 1) // WARPS, (n_tok + tt - 1) // tt, 1),
-        block=(THREADS, 1, 1), stream=stream)
+        block=(THREADS, 1, 1), stream=stream, use_pdl=pdl)

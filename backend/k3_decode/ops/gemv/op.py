@@ -48,6 +48,7 @@ class GemvKey:
     arch: str
     variant: str = "simt"  # "simt" (kernel.py) or "mma" (kernel_mma.py)
     splits: int = 1  # mma: warps per CTA splitting K (kernel_mma.py)
+    pdl: bool = False  # programmatic dependent launch (K3_DECODE_PDL)
 
 
 def pick_token_tile(n_tok: int, variant: str = "simt") -> int:
@@ -144,17 +145,20 @@ def compile_gemv(key: GemvKey, extra_options: str = ""):
     else:
         from backend.k3_decode.ops.gemv.kernel import gemv_launch as launch
     extra = (key.splits,) if key.variant == "mma" else ()
-    return cute.compile(launch, *_compile_args(key.out_f32), key.k, key.tt, *extra,
+    return cute.compile(launch, *_compile_args(key.out_f32), key.k, key.tt, *extra, key.pdl,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
-         variant: str = "auto", splits: int | None = None) -> torch.Tensor:
+         variant: str = "auto", splits: int | None = None, pdl: bool | None = None
+         ) -> torch.Tensor:
     """`out = x @ w.T` (fp32 accumulation); returns `out` (bf16 unless an fp32 `out` is given).
 
     `variant`: "auto" (`pick_variant`: SIMT for 1-2 rows and for 3-4 rows of few long weight
     rows, tensor cores otherwise), "simt" or "mma". `splits` (tensor-core kernel only): warps
-    per CTA splitting K, 1/2/4/8; None = `pick_splits`.
+    per CTA splitting K, 1/2/4/8; None = `pick_splits`. `pdl`: launch as a programmatic
+    dependent launch (its weight loads may start while the previous kernel on the stream runs;
+    x is read after that kernel has finished); None = `K3_DECODE_PDL`.
     """
     need(variant in VARIANTS, GemvInputError, OP, f"unknown variant {variant!r} ({VARIANTS})")
     need(splits is None or splits in (1, 2, 4, 8), GemvInputError, OP,
@@ -170,7 +174,11 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
     sp = 1
     if var == "mma":
         sp = pick_splits(tt, k) if splits is None else splits
-    key = GemvKey(k, tt, out_f32, target_arch(), var, sp)
+    if pdl is None:
+        from backend.k3_decode import envs
+
+        pdl = envs.K3_DECODE_PDL
+    key = GemvKey(k, tt, out_f32, target_arch(), var, sp, bool(pdl))
     fn = compile_gemv(key)
     import cutlass
 

@@ -58,6 +58,7 @@ def kda_decode_kernel(
     norm_eps: cutlass.Constexpr,
 ):
     """Device body; see the module docstring for the work split."""
+    cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
     tid, _, _ = cute.arch.thread_idx()
     head, req, _ = cute.arch.block_idx()
     lane = cute.arch.lane_idx()

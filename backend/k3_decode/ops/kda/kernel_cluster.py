@@ -66,6 +66,7 @@ def kda_decode_cluster_kernel(
     norm_eps: cutlass.Constexpr,
 ):
     """Device body; see the module docstring for the split."""
+    cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
     tid, _, _ = cute.arch.thread_idx()
     bx, req, _ = cute.arch.block_idx()
     head = bx // SPLIT

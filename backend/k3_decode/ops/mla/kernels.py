@@ -294,6 +294,7 @@ def combine_kernel(
     load per row, all in flight; interleaved rows keep the shared-memory reads conflict-free);
     the 16 row groups meet in shared memory. Padding tokens of the last group are skipped.
     """
+    cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
     tidx, _, _ = cute.arch.thread_idx()
     h, tg, cb = cute.arch.block_idx()
     lane = tidx % 32

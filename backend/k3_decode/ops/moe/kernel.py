@@ -198,6 +198,7 @@ def moe_w2_kernel(act: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer,
     + eps))` and resets the token's counter. `shared > 0`: the CTAs also write
     `out[:, L:L+shared] = bf16(SiTU-GLU(gu[:, :shared], gu[:, shared:]))`.
     """
+    cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
     tid, _, _ = cute.arch.thread_idx()
     lane = cute.arch.lane_idx()
     warp = cute.arch.warp_idx()

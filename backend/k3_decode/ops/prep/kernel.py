@@ -130,6 +130,7 @@ def rms_glu_prep_kernel(a: cute.Pointer, a_w: cute.Pointer, gu: cute.Pointer,
 
     Barrier-free: each warp sums the whole `a` row itself (the row is a few KB, served from
     L1/L2 after the first warp), then every thread scales and stores its own vectors."""
+    cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
     tok, _, _ = cute.arch.block_idx()
     tid, _, _ = cute.arch.thread_idx()
     out_row = out + tok.to(I64) * ld_out
@@ -195,6 +196,7 @@ def mla_kv_insert_kernel(kv_c: cute.Pointer, k_pe: cute.Pointer, kv_w: cute.Poin
 
     Lane l owns latent vectors l and l + 32 (8 values each); lanes 0..7 also the k_pe vectors.
     A warp reduction gives sum(x^2): no shared memory, no barrier."""
+    cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
     tok, _, _ = cute.arch.block_idx()
     tid, _, _ = cute.arch.thread_idx()
     y = cute.make_rmem_tensor((2 * V,), F32)

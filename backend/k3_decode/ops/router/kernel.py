@@ -95,6 +95,7 @@ def router_kernel(x: cute.Pointer, w: cute.Pointer, bias: cute.Pointer, scores: 
     with ``fw [front_rows, K]`` into bf16 ``fy`` (the MoE front projection rides along: one
     launch, one stream of weights). They take no ticket, so the selection runs while they
     stream (router CTAs have the lower block indices and are scheduled first)."""
+    cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
     tid, _, _ = cute.arch.thread_idx()
     lane = cute.arch.lane_idx()
     warp = cute.arch.warp_idx()
