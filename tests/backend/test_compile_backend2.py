@@ -30,7 +30,6 @@ compile_gemv(GemvKey(7168, 64, False, arch, "mma"))
 compile_gemv(GemvKey(7168, 8, False, arch, "mma", 8))  # split-K across 8 warps
 compile_gemv(GemvKey(1536, 64, True, arch, "mma", 4))
 compile_gemv(GemvKey(7168, 1, False, arch, "simt", 1, True))  # programmatic dependent launch
-compile_gemv(GemvKey(7168, 8, False, arch, "mma", 8, True))
 compile_router(RouterKey(7168, 896, 16, 8, True, 1.0, arch))
 compile_router(RouterKey(7168, 896, 16, 1, True, 1.0, arch, 3584 + 1536))  # + front rows
 compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch))

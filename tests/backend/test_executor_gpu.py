@@ -175,7 +175,8 @@ def test_pdl_gemvs_give_the_same_step(reqs: int) -> None:
     """``KernelOps(pdl=True)`` (GEMVs as programmatic dependent launches: weight loads start
     while the previous kernel runs, x is read after ``griddepcontrol.wait``) replays to the
     same logits, bit for bit, as ordinary launches: a GEMV that read its input early would not.
-    1 request: SIMT GEMVs; 4 requests: the tensor-core GEMV."""
+    1 request: every GEMV is SIMT, so PDL; 4 requests: tensor-core GEMVs (never PDL) beside
+    the PDL-launched SIMT ones (3-4 rows of few long weight rows)."""
     _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
     plain = Executor(KernelOps(spec.weights.config, max_context=1024, pdl=False), spec.weights,
                      spec.caches.clone(), max_tokens=reqs)

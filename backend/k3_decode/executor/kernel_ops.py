@@ -9,7 +9,7 @@ them apart always), MXFP4 experts (2: the w2 kernel also writes the latent RMSNo
 experts' SiTU-GLU; with ``K3_DECODE_PREP=torch`` a torch prep does that instead), tail projection
 ``[up * norm_w | shared down]`` (the routed output and the shared experts are summed inside that
 one GEMV). With ``side_stream=True`` a separate router runs on a second stream beside the front
-projection (joined before the experts). With ``pdl`` (``K3_DECODE_PDL=1``) the GEMVs are
+projection (joined before the experts). With ``pdl`` (``K3_DECODE_PDL=1``) the SIMT GEMVs are
 programmatic dependent launches: their first weight loads go out while the previous kernel runs. The MLA layer: one fused ``q_a|kv_a|k_pe|gate``
 projection, q_a RMSNorm, fused kv RMSNorm + cache insert, one q_b projection, the three-kernel
 MLA decode (reading the gate and q_nope / q_pe as row-strided views of those outputs), o_proj.

@@ -33,14 +33,11 @@ from backend.k3_decode.ops.gemv.tiling import mma_tiling
 @cute.kernel
 def gemv_mma_kernel(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I32, n_tok: I32,
                     ld_x: I64, ld_y: I64, k: cutlass.Constexpr, mt: cutlass.Constexpr,
-                    nt: cutlass.Constexpr, gk: cutlass.Constexpr, splits: cutlass.Constexpr,
-                    pdl: cutlass.Constexpr):
-    """One CTA: 16*mt weight rows x 8*nt tokens; warp w covers the w-th K slice. `pdl`: wait
-    for the previous kernel (griddepcontrol.wait) before the first load (weights and x share
-    one loop)."""
+                    nt: cutlass.Constexpr, gk: cutlass.Constexpr, splits: cutlass.Constexpr):
+    """One CTA: 16*mt weight rows x 8*nt tokens; warp w covers the w-th K slice. Not a
+    programmatic dependent launch: waiting at the top (weights and x share one loop) measured
+    slower on the H200 (NOTES.md session 5); it does let a PDL-launched next kernel start."""
     cute.arch.griddepcontrol_launch_dependents()
-    if cutlass.const_expr(pdl):
-        cute.arch.griddepcontrol_wait()
     lane = cute.arch.lane_idx()
     wid = cute.arch.warp_idx()
     kb_warp = k // 32 // splits  # k-blocks per warp
@@ -118,11 +115,10 @@ def gemv_mma_kernel(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I
 @cute.jit
 def gemv_mma_launch(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I32, n_tok: I32,
                     ld_x: I64, ld_y: I64, stream: cuda.CUstream, k: cutlass.Constexpr,
-                    tt: cutlass.Constexpr, splits: cutlass.Constexpr,
-                    pdl: cutlass.Constexpr = False):
+                    tt: cutlass.Constexpr, splits: cutlass.Constexpr):
     """Host side: one CTA of `splits` warps per (16 mt rows, 8 nt tokens) tile on the caller's
-    stream (`pdl`: programmatic dependent launch)."""
+    stream."""
     mt, nt, gk = mma_tiling(tt, k, splits)
-    gemv_mma_kernel(x, w, y, n_rows, n_tok, ld_x, ld_y, k, mt, nt, gk, splits, pdl).launch(
+    gemv_mma_kernel(x, w, y, n_rows, n_tok, ld_x, ld_y, k, mt, nt, gk, splits).launch(
         grid=((n_rows + 16 * mt - 1) // (16 * mt), (n_tok + 8 * nt - 1) // (8 * nt), 1),
-        block=(32 * splits, 1, 1), stream=stream, use_pdl=pdl)
+        block=(32 * splits, 1, 1), stream=stream)

@@ -48,7 +48,7 @@ class GemvKey:
     arch: str
     variant: str = "simt"  # "simt" (kernel.py) or "mma" (kernel_mma.py)
     splits: int = 1  # mma: warps per CTA splitting K (kernel_mma.py)
-    pdl: bool = False  # programmatic dependent launch (K3_DECODE_PDL)
+    pdl: bool = False  # SIMT: programmatic dependent launch (K3_DECODE_PDL)
 
 
 def pick_token_tile(n_tok: int, variant: str = "simt") -> int:
@@ -144,8 +144,8 @@ def compile_gemv(key: GemvKey, extra_options: str = ""):
         from backend.k3_decode.ops.gemv.kernel_mma import gemv_mma_launch as launch
     else:
         from backend.k3_decode.ops.gemv.kernel import gemv_launch as launch
-    extra = (key.splits,) if key.variant == "mma" else ()
-    return cute.compile(launch, *_compile_args(key.out_f32), key.k, key.tt, *extra, key.pdl,
+    extra = (key.splits,) if key.variant == "mma" else (key.pdl,)
+    return cute.compile(launch, *_compile_args(key.out_f32), key.k, key.tt, *extra,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
@@ -156,9 +156,10 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
 
     `variant`: "auto" (`pick_variant`: SIMT for 1-2 rows and for 3-4 rows of few long weight
     rows, tensor cores otherwise), "simt" or "mma". `splits` (tensor-core kernel only): warps
-    per CTA splitting K, 1/2/4/8; None = `pick_splits`. `pdl`: launch as a programmatic
-    dependent launch (its weight loads may start while the previous kernel on the stream runs;
-    x is read after that kernel has finished); None = `K3_DECODE_PDL`.
+    per CTA splitting K, 1/2/4/8; None = `pick_splits`. `pdl`: launch the SIMT kernel as a
+    programmatic dependent launch (its first weight loads go out while the previous kernel on
+    the stream runs; x is read after that kernel has finished); None = `K3_DECODE_PDL`. The
+    tensor-core kernel never is (measured slower, backend/NOTES.md session 5).
     """
     need(variant in VARIANTS, GemvInputError, OP, f"unknown variant {variant!r} ({VARIANTS})")
     need(splits is None or splits in (1, 2, 4, 8), GemvInputError, OP,
@@ -178,7 +179,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
         from backend.k3_decode import envs
 
         pdl = envs.K3_DECODE_PDL
-    key = GemvKey(k, tt, out_f32, target_arch(), var, sp, bool(pdl))
+    key = GemvKey(k, tt, out_f32, target_arch(), var, sp, bool(pdl) and var == "simt")
     fn = compile_gemv(key)
     import cutlass
 
