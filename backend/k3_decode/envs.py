@@ -33,9 +33,10 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # launch at 1-2 tokens).
     "K3_DECODE_ROUTER_FRONT": lambda: os.environ.get("K3_DECODE_ROUTER_FRONT", "1") != "0",
     # "1": the SIMT GEMVs (1-2 rows, and 3-4 rows of few long weight rows) are programmatic
-    # dependent launches: their first weight loads go out while the previous kernel runs (every
-    # kernel signals `griddepcontrol.launch_dependents` at its start). Off by default: measured
-    # faster at batch 1 (NOTES.md session 5), but the signed H200 bundle ran without it.
+    # dependent launches: their first weight loads go out while the previous kernel runs (each
+    # kernel that can precede a GEMV signals `griddepcontrol.launch_dependents` at its start).
+    # Off by default: measured faster at batch 1 (NOTES.md session 5), but the signed H200
+    # bundle ran without it.
     "K3_DECODE_PDL": lambda: os.environ.get("K3_DECODE_PDL", "0") == "1",
 }
 

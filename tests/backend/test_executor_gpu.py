@@ -170,23 +170,42 @@ def test_router_on_a_side_stream_gives_the_same_step() -> None:
     assert _same_replay(side, spec, inp, "executor_side_stream", "tp8-r4-q2-graph-replay-bitwise")
 
 
-@pytest.mark.parametrize("reqs", [1, 4])
-def test_pdl_gemvs_give_the_same_step(reqs: int) -> None:
-    """``KernelOps(pdl=True)`` (GEMVs as programmatic dependent launches: weight loads start
-    while the previous kernel runs, x is read after ``griddepcontrol.wait``) replays to the
-    same logits, bit for bit, as ordinary launches: a GEMV that read its input early would not.
-    1 request: every GEMV is SIMT, so PDL; 4 requests: tensor-core GEMVs (never PDL) beside
-    the PDL-launched SIMT ones (3-4 rows of few long weight rows)."""
+@pytest.mark.parametrize("reqs,side", [(1, False), (4, False), (1, True)])
+def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool, monkeypatch) -> None:
+    """``KernelOps(pdl=True)`` (SIMT GEMVs as programmatic dependent launches: weight loads start
+    while the previous kernel runs, x is read after ``griddepcontrol.wait``) replays to the same
+    logits, bit for bit, as ordinary launches, over replays whose inputs change from one step to
+    the next (a GEMV that read its input before the wait would see the previous step's values).
+    1 request: every GEMV is SIMT, so PDL; 4 requests: tensor-core GEMVs (never PDL) beside the
+    SIMT ones; (1, side): the router on a side stream beside the PDL front GEMV."""
+    if side:
+        monkeypatch.setenv("K3_DECODE_ROUTER_FRONT", "0")  # router and front GEMV apart
     _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
-    plain = Executor(KernelOps(spec.weights.config, max_context=1024, pdl=False), spec.weights,
-                     spec.caches.clone(), max_tokens=reqs)
-    pdl = Executor(KernelOps(spec.weights.config, max_context=1024, pdl=True), spec.weights,
+    cfg = spec.weights.config
+    other = synthetic_step(reqs, 1, 1024, vocab=spec.weights.lm_head.shape[0], seed=97,
+                           device="cuda")
+    assert not torch.equal(other.token_ids, inp.token_ids)
+    plain = Executor(KernelOps(cfg, max_context=1024, side_stream=side, pdl=False),
+                     spec.weights, spec.caches.clone(), max_tokens=reqs)
+    pdl = Executor(KernelOps(cfg, max_context=1024, side_stream=side, pdl=True), spec.weights,
                    spec.caches.clone(), max_tokens=reqs)
     assert pdl.ops.pdl and not plain.ops.pdl
-    assert _same_replay(pdl, plain, inp, "executor_pdl", f"tp8-r{reqs}-graph-replay-bitwise")
+    g_plain, g_pdl = plain.capture(inp), pdl.capture(inp)
+    same = True
+    worst = 0.0
+    for step in (other, inp, other, inp):
+        want = g_plain.replay(step).clone()
+        got = g_pdl.replay(step).clone()
+        torch.cuda.synchronize()
+        same &= bool(torch.equal(got, want)) and bool(torch.isfinite(want).all())
+        worst = max(worst, float((got - want).abs().max()))
+    record_case(op="executor_pdl", case=f"tp8-r{reqs}-side{int(side)}-4-replays-bitwise",
+                dtype="float32", max_abs_err=worst, max_rel_err=0.0, atol=0.0, rtol=0.0,
+                passed=same)
+    assert same, f"PDL changed the logits (max abs diff {worst})"
     # and eagerly, two steps in a row (the second reads caches the first wrote)
-    a = [plain.step(inp).clone() for _ in range(2)]
-    b = [pdl.step(inp).clone() for _ in range(2)]
+    a = [plain.step(x).clone() for x in (inp, other)]
+    b = [pdl.step(x).clone() for x in (inp, other)]
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 

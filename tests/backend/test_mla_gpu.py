@@ -107,7 +107,10 @@ def run_case(name: str, heads: int, seq_lens: list[int], q: int, cache: str, blo
     kw = {k: inp[k] for k in ("q_nope", "q_pe", "gate", "kv_cache", "block_table", "seq_lens",
                               "w_uk_t", "w_uv")}
     if strided:
-        qb = poison_(torch.empty(t, heads, 192, dtype=torch.bfloat16, device="cuda"))
+        # token stride H*192 + 64, not H x the head stride: a kernel that mixed them up would
+        # read the NaN padding
+        rows = poison_(torch.empty(t, heads * 192 + 64, dtype=torch.bfloat16, device="cuda"))
+        qb = rows[:, : heads * 192].view(t, heads, 192)
         qb[..., :128], qb[..., 128:] = inp["q_nope"], inp["q_pe"]
         wide = poison_(torch.empty(t, 2112 + heads * 128, dtype=torch.bfloat16, device="cuda"))
         wide[:, 2112:] = inp["gate"]
@@ -162,9 +165,9 @@ def test_mla_decode_matches_reference(name, seq_lens, q, block_size, n_splits, h
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("heads", [6, 12])
-@pytest.mark.parametrize("name,seq_lens,q", [("b1_ctx1000", [1000], 1),
-                                             ("q4_r3", [70, 2000, 513], 4),
-                                             ("b9_mixed", [1, 64, 65, 300, 1024, 5, 900, 17, 2], 1)])
+@pytest.mark.parametrize("name,seq_lens,q", [
+    ("b1_ctx1000", [1000], 1), ("q4_r3", [70, 2000, 513], 4),
+    ("b9_mixed", [1, 64, 65, 300, 1024, 5, 900, 17, 2], 1)])
 def test_mla_decode_strided_views(name, seq_lens, q, heads, variant):
     """Row-strided q_nope / q_pe / gate views (the executor's one q_b GEMV and fused gate rows)
     read exactly their own elements; token groups with padding (9 and 12 tokens) included."""

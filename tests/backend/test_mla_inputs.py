@@ -185,3 +185,22 @@ def test_short_contexts_get_short_chunks_up_to_min_ctas():
     for n_req, ctx in [(1, 1), (1, 63), (3, 1000), (5, 70000)]:
         splits, chunk = plan(n_req, ctx)
         assert chunk % 64 == 0 and splits * chunk >= ctx > (splits - 1) * chunk
+
+
+def test_view_spans_past_32_bit_offsets_are_refused():
+    """The kernels index q / gate views with 32-bit offsets: a view spanning 2**31 elements or
+    more (a wide parent buffer) is refused. A meta tensor stands in for the 4 GiB buffer: the
+    check reads only shapes, strides and the data pointer (0 here)."""
+    wide = torch.empty_strided((8, 12, 128), (2**29, 128, 1), dtype=BF, device="meta")
+    raises(r"q_nope: the view spans \d+ elements; the kernels index it with 32-bit offsets",
+           q_nope=wide)
+
+
+def test_tiling_tokens_per_cta_is_a_multiple_of_the_combine_warps():
+    pytest.importorskip("cutlass", reason="the Tiling lives beside the CuTe DSL launcher")
+    from backend.k3_decode.ops.mla.compile import Tiling
+
+    assert Tiling(tokens_per_cta=4).tokens_per_cta == 4
+    for bad in (0, 2, 6):
+        with pytest.raises(ValueError, match="tokens_per_cta must be a positive multiple of 4"):
+            Tiling(tokens_per_cta=bad)

@@ -10,8 +10,8 @@ experts' SiTU-GLU; with ``K3_DECODE_PREP=torch`` a torch prep does that instead)
 ``[up * norm_w | shared down]`` (the routed output and the shared experts are summed inside that
 one GEMV). With ``side_stream=True`` a separate router runs on a second stream beside the front
 projection (joined before the experts). With ``pdl`` (``K3_DECODE_PDL=1``) the SIMT GEMVs are
-programmatic dependent launches: their first weight loads go out while the previous kernel runs. The MLA layer: one fused ``q_a|kv_a|k_pe|gate``
-projection, q_a RMSNorm, fused kv RMSNorm + cache insert, one q_b projection, the three-kernel
+programmatic dependent launches: their first weight loads go out while the previous kernel
+runs. The MLA layer: one fused ``q_a|kv_a|k_pe|gate`` projection, q_a RMSNorm, fused kv RMSNorm + cache insert, one q_b projection, the three-kernel
 MLA decode (reading the gate and q_nope / q_pe as row-strided views of those outputs), o_proj.
 Dense layer 0: gate_up, SiTU, down. (An L2 prefetch of the next weight on a third stream was
 measured on the H200 and cost time; it was removed, see backend/NOTES.md session 5.)
@@ -73,9 +73,8 @@ class KernelOps:
         self._torch_prep = envs.K3_DECODE_PREP == "torch"
         if self._torch_prep:  # fallback, see NOTES.md
             rms_glu_prep, mla_kv_insert = torch_rms_glu_prep, torch_mla_kv_insert
-        self.pdl = envs.K3_DECODE_PDL if pdl is None else pdl
-        """GEMVs as programmatic dependent launches (`gemv(pdl=...)`)."""
-        self._gemv = functools.partial(gemv, pdl=self.pdl)
+        self._pdl = bool(envs.K3_DECODE_PDL if pdl is None else pdl)
+        self._gemv = functools.partial(gemv, pdl=self._pdl)
         self._kda, self._mla, self._moe = kda_decode, mla_decode, moe_experts
         self._route, self._attn_res, self._prep, self._insert = (route, attn_res_norm,
                                                                  rms_glu_prep, mla_kv_insert)
@@ -94,6 +93,11 @@ class KernelOps:
             self._counters[dev] = (torch.zeros(4, dtype=torch.int32, device=dev),
                                    torch.zeros(MOE_MAX_TOKENS, dtype=torch.int32, device=dev))
         return self._counters[dev]
+
+    @property
+    def pdl(self) -> bool:
+        """Whether the SIMT GEMVs are programmatic dependent launches (fixed at construction)."""
+        return self._pdl
 
     def embed(self, table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Embedding gather (one torch index_select)."""

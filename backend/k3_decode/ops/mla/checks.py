@@ -75,6 +75,9 @@ def _check_rows(name: str, t: torch.Tensor, align: int) -> None:
             f"({align}-byte aligned rows)")
     _expect(t.data_ptr() % align == 0,
             f"{name}: data pointer is not {align}-byte aligned (misaligned view or offset)")
+    span = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True) if n > 0)
+    _expect(span < 2**31, f"{name}: the view spans {span + 1} elements; the kernels index "
+            f"it with 32-bit offsets (at most 2**31)")
 
 
 def check_inputs(
