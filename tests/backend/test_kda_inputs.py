@@ -105,8 +105,8 @@ def test_auto_variant_follows_the_measured_rule(monkeypatch):
 
 
 def test_index_values_are_checked_before_launch():
-    """Slot indices past the caches and num_accepted outside 1..q are refused (one sync, eager
-    calls only); null slots (<= 0) are allowed. Any device: the check is plain torch."""
+    """Slot indices past the caches and num_accepted outside 1..q are refused (host copies,
+    eager calls only); null slots (<= 0) are allowed. Any device: the check is plain torch."""
     from backend.k3_decode.ops.kda import KdaInputError
     from backend.k3_decode.ops.kda.op import check_slot_values
 

@@ -11,8 +11,9 @@ experts' SiTU-GLU; with ``K3_DECODE_PREP=torch`` a torch prep does that instead)
 one GEMV). With ``side_stream=True`` a separate router runs on a second stream beside the front
 projection (joined before the experts). With ``pdl`` (``K3_DECODE_PDL=1``) the SIMT GEMVs are
 programmatic dependent launches: their first weight loads go out while the previous kernel
-runs. The MLA layer: one fused ``q_a|kv_a|k_pe|gate`` projection, q_a RMSNorm, fused kv RMSNorm + cache insert, one q_b projection, the three-kernel
-MLA decode (reading the gate and q_nope / q_pe as row-strided views of those outputs), o_proj.
+runs. The MLA layer: one fused ``q_a|kv_a|k_pe|gate`` projection, q_a RMSNorm, fused kv
+RMSNorm + cache insert, one q_b projection, the three-kernel MLA decode (reading the gate and
+q_nope / q_pe as row-strided views of those outputs), o_proj.
 Dense layer 0: gate_up, SiTU, down. (An L2 prefetch of the next weight on a third stream was
 measured on the H200 and cost time; it was removed, see backend/NOTES.md session 5.)
 """

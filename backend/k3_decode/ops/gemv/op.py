@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from backend.k3_decode import envs
 from backend.k3_decode.ops.gemv.common import (
     check_device,
     check_tensor,
@@ -22,7 +23,7 @@ from backend.k3_decode.ops.gemv.common import (
     stream_of,
     target_arch,
 )
-from backend.k3_decode.ops.gemv.tiling import mma_tiling, valid_splits
+from backend.k3_decode.ops.gemv.tiling import SPLITS, mma_tiling, valid_splits
 
 OP = "gemv"
 MAX_TOKENS = 64
@@ -162,7 +163,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
     tensor-core kernel never is (measured slower, backend/NOTES.md session 5).
     """
     need(variant in VARIANTS, GemvInputError, OP, f"unknown variant {variant!r} ({VARIANTS})")
-    need(splits is None or splits in (1, 2, 4, 8), GemvInputError, OP,
+    need(splits is None or splits in SPLITS, GemvInputError, OP,
          f"splits={splits!r} must be 1, 2, 4 or 8")
     if out is None:
         need(isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() == 2
@@ -176,8 +177,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
     if var == "mma":
         sp = pick_splits(tt, k) if splits is None else splits
     if pdl is None:
-        from backend.k3_decode import envs
-
         pdl = envs.K3_DECODE_PDL
     key = GemvKey(k, tt, out_f32, target_arch(), var, sp, bool(pdl) and var == "simt")
     fn = compile_gemv(key)
