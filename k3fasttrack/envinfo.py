@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 
@@ -71,15 +72,18 @@ def detect_gpus() -> tuple[tuple[GpuInfo, ...], str | None, str | None]:
 MAX_CHANGED = 200
 
 
-def tree_digest(top: Path, paths: list[str]) -> str:
+def tree_digest(top: Path, paths: list[str], known: Mapping[str, bytes] | None = None) -> str:
     """sha256 over each path (sorted) and its bytes on disk (read in chunks), or a deletion
     marker; a path ending in "/" (an untracked nested git repository, as `git ls-files --others`
-    lists one) counts by its own tree digest."""
+    lists one) counts by its own tree digest. ``known``: the raw sha256 of files hashed
+    elsewhere (e.g. a GPU host's own kit, not in git), used instead of reading them."""
     h = hashlib.sha256()
     for rel in sorted(paths):
         f = top / rel
         h.update(rel.encode() + b"\0")
-        if f.is_symlink():
+        if known is not None and rel in known:
+            h.update(known[rel])
+        elif f.is_symlink():
             h.update(b"link:" + os.readlink(f).encode())
         elif f.is_file():
             with open(f, "rb") as fh:

@@ -1,11 +1,19 @@
 """Every bundle committed under bundles/ verifies against bundles/allowed_signers, and its
 summary figures agree with its raw samples (k3ft verify recomputes them)."""
 
+import contextlib
+import hashlib
+import json
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from k3fasttrack.bundle import verify_bundle
+from k3fasttrack.envinfo import tree_digest
 
 BUNDLES = Path(__file__).resolve().parent.parent / "bundles"
 ARCHIVES = sorted(BUNDLES.glob("*/bundle.tar.gz"))
@@ -25,7 +33,6 @@ def test_committed_bundle_verifies(archive: Path) -> None:
 
 
 def test_h200_kernel_bundle_ran_on_an_h200() -> None:
-    import json
 
     root = BUNDLES / "h200-kernels-2026-11-29/bundle"
     env = json.loads((root / "environment.json").read_text())
@@ -35,7 +42,6 @@ def test_h200_kernel_bundle_ran_on_an_h200() -> None:
 
 
 def test_h200_backend2_bundle_covers_every_op() -> None:
-    import json
 
     root = BUNDLES / "h200-kernels-backend2-2026-11-29/bundle"
     kernels = json.loads((root / "reports/kernels.json").read_text())
@@ -45,7 +51,6 @@ def test_h200_backend2_bundle_covers_every_op() -> None:
 
 
 def _archive_json(archive: Path, name: str) -> dict:
-    import json
     import tarfile
 
     with tarfile.open(archive) as tar:
@@ -103,7 +108,6 @@ def test_h200_session3_bundle_keeps_its_crash_and_shows_ten_kernel_layers() -> N
     assert all(r[f"layer{i} KDA + MoE"]["kernels"] == 10 for r in cand for i in (1, 2, 4))
     b1 = next(r for r in cand if r["point"] == "decode-rand-tp1-d0-acc1-b1-in1024-out16")
     assert 0.55 < b1["layer1 KDA + MoE"]["of_roofline"] < 0.70  # 113.3 us of 71.3 (63%)
-    import json
     import tarfile
 
     with tarfile.open(archive) as tar:
@@ -140,6 +144,42 @@ def test_h200_session4_bundle_passes_every_tier_that_ran() -> None:
     assert _archive_json(archive, "verdict.json")["outcome"] == "INCOMPLETE"
 
 
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(BUNDLES.parent), *args], capture_output=True,
+                          text=True, check=False)
+
+
+def _has_commits(*commits: str) -> bool:
+    return all(_git("cat-file", "-e", f"{c}^{{commit}}").returncode == 0 for c in commits)
+
+
+def _tracked(commit: str) -> list[str]:
+    """The paths tracked at ``commit`` (what a device index of that commit lists)."""
+    return [p for p in _git("ls-tree", "-r", "--name-only", "-z", commit).stdout.split("\0")
+            if p]
+
+
+@contextlib.contextmanager
+def _worktree(commit: str, moved_archives: tuple[str, ...]) -> Iterator[Path]:
+    """A detached worktree of ``commit`` with the named older bundle archives removed, as they
+    were moved out of the tree to fit the device carry."""
+    work = Path(tempfile.mkdtemp(prefix=f"k3ft-{commit}-"))
+    t = work / "t"
+    try:
+        assert _git("worktree", "add", "--detach", "-f", str(t), commit).returncode == 0
+        for name in moved_archives:
+            (t / f"bundles/h200-executor-{name}-2026-11-29/bundle.tar.gz").unlink()
+        yield t
+    finally:
+        _git("worktree", "remove", "--force", str(t))
+        shutil.rmtree(work, ignore_errors=True)
+
+
+S5_COMMIT, S5_DEVICE_COMMIT = "cd6d66e", "7a43e97"
+KIT_DIRS = (".devrun", ".gpu-wheels", ".whl-f1")  # carried to the device, ignored here
+S5_DIR = BUNDLES / "h200-executor-s5-2026-11-29"
+
+
 def test_h200_session4b_bundle_ran_commit_a88ab5f() -> None:
     """Session 4, run 16 (router + front in one launch, split-K GEMV): kernels PASS (433 cases,
     incl. every GEMV split, the router-front and side-stream bit-equality tests, the kernel
@@ -149,12 +189,6 @@ def test_h200_session4b_bundle_ran_commit_a88ab5f() -> None:
     a88ab5f with the four older bundle archives removed (moved out to fit the device carry):
     the same digest, so those bytes are what ran. (New files since 529635f, e.g.
     backend/k3_decode/ops/gemv/tiling.py, are outside that digest.)"""
-    import shutil
-    import subprocess
-    import tempfile
-
-    from k3fasttrack.envinfo import tree_digest
-
     archive = BUNDLES / "h200-executor-s4b-2026-11-29/bundle.tar.gz"
     env = _archive_json(archive, "environment.json")
     assert env["gpus"][0]["name"] == "NVIDIA H200"
@@ -165,42 +199,10 @@ def test_h200_session4b_bundle_ran_commit_a88ab5f() -> None:
     assert any("split8" in c["case"] for c in kernels["cases"] if c["op"] == "gemv")
     assert _archive_json(archive, "reports/perf.json")["status"] == "PASS"
     assert _archive_json(archive, "reports/proof.json")["status"] == "PASS"
-    root = BUNDLES.parent
-
-    def git(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
-                              check=False)
-
-    if git("cat-file", "-e", "a88ab5f^{commit}").returncode or git(
-            "cat-file", "-e", "529635f^{commit}").returncode:
+    if not _has_commits("a88ab5f", "529635f"):
         pytest.skip("this clone lacks commits 529635f / a88ab5f (shallow history)")
-    paths = [p for p in git("ls-tree", "-r", "--name-only", "-z", "529635f").stdout.split("\0")
-             if p]
-    work = Path(tempfile.mkdtemp(prefix="k3ft-a88ab5f-"))
-    try:
-        assert git("worktree", "add", "--detach", "-f", str(work / "t"), "a88ab5f").returncode == 0
-        for name in ("perf", "kernels", "s3", "s4"):
-            (work / "t" / f"bundles/h200-executor-{name}-2026-11-29/bundle.tar.gz").unlink()
-        assert tree_digest(work / "t", paths) == env["git"]["tree_digest"]
-    finally:
-        git("worktree", "remove", "--force", str(work / "t"))
-        shutil.rmtree(work, ignore_errors=True)
-
-
-S5_COMMIT, S5_DEVICE_COMMIT = "cd6d66e", "7a43e97"
-KIT_DIRS = (".devrun", ".gpu-wheels", ".whl-f1")  # carried to the device, ignored here
-
-
-def _git(*args: str):
-    import subprocess
-
-    return subprocess.run(["git", "-C", str(BUNDLES.parent), *args], capture_output=True,
-                          text=True, check=False)
-
-
-def _has_commits(*commits: str) -> bool:
-    return all(_git("cat-file", "-e", f"{c}^{{commit}}").returncode == 0 for c in commits)
-
+    with _worktree("a88ab5f", ("perf", "kernels", "s3", "s4")) as t:
+        assert tree_digest(t, _tracked("529635f")) == env["git"]["tree_digest"]
 
 def test_h200_session5_bundle_ran_commit_cd6d66e() -> None:
     """Session 5, run 21 (MLA absorb / combine rewrite, strided MLA inputs and fused MLA GEMVs,
@@ -209,7 +211,7 @@ def test_h200_session5_bundle_ran_commit_cd6d66e() -> None:
     .git was the session-start commit 7a43e97, so the bundle names it (dirty): its changed code
     paths are exactly the diff 7a43e97..cd6d66e, plus the five older bundle archives (moved out
     to fit the 64 MiB carry) and the device kit files (untracked there)."""
-    archive = BUNDLES / "h200-executor-s5-2026-11-29/bundle.tar.gz"
+    archive = S5_DIR / "bundle.tar.gz"
     env = _archive_json(archive, "environment.json")
     assert env["gpus"][0]["name"] == "NVIDIA H200"
     assert env["git"]["commit"].startswith(S5_DEVICE_COMMIT) and env["git"]["dirty"]
@@ -235,34 +237,22 @@ def test_h200_session5_bundle_ran_commit_cd6d66e() -> None:
 
 def test_h200_session5_bundle_tree_digest_is_commit_cd6d66e() -> None:
     """The s5 tree digest recomputed from a worktree of cd6d66e: the paths tracked at 7a43e97
-    (the device's index) plus the untracked kit files, the five older archives removed. Needs
-    the device kit files (``.gpu-wheels``, ``.whl-f1``: wheels that are not in git, and the
-    ``.devrun`` scripts as they were at run 21), so it runs only in a workspace that has them;
-    a clean clone skips it and relies on the changed-path check above."""
-    import shutil
-    import tempfile
-
-    from k3fasttrack.envinfo import tree_digest
-
+    (the device's index) plus the device kit files (untracked there), the five older archives
+    removed. The kit files (``.gpu-wheels``, ``.whl-f1``: wheels not kept in git; ``.devrun``
+    scripts) enter by the sha256 recorded next to the bundle (`device-kit-sha256.json`); where
+    a workspace still has them, their bytes must hash to those records."""
+    env = _archive_json(S5_DIR / "bundle.tar.gz", "environment.json")
+    recorded = json.loads((S5_DIR / "device-kit-sha256.json").read_text())["sha256"]
+    kit = [p for p in env["git"]["changed"] if p.startswith(KIT_DIRS)]
+    assert sorted(kit) == sorted(recorded)
     root = BUNDLES.parent
-    if not all((root / d).is_dir() for d in KIT_DIRS):
-        pytest.skip("needs the device kit files (.devrun, .gpu-wheels, .whl-f1), absent here")
+    for rel, digest in recorded.items():
+        if (root / rel).is_file():  # this workspace (the CI clone has no kit files)
+            with open(root / rel, "rb") as fh:
+                assert hashlib.file_digest(fh, "sha256").hexdigest() == digest, rel
     if not _has_commits(S5_COMMIT, S5_DEVICE_COMMIT):
         pytest.skip("this clone lacks commits 7a43e97 / cd6d66e (shallow history)")
-    env = _archive_json(BUNDLES / "h200-executor-s5-2026-11-29/bundle.tar.gz", "environment.json")
-    paths = [p for p in _git("ls-tree", "-r", "--name-only", "-z", S5_DEVICE_COMMIT
-                             ).stdout.split("\0") if p]
-    work = Path(tempfile.mkdtemp(prefix="k3ft-cd6d66e-"))
-    try:
-        t = work / "t"
-        assert _git("worktree", "add", "--detach", "-f", str(t), S5_COMMIT).returncode == 0
-        for name in ("perf", "kernels", "s3", "s4", "s4b"):
-            (t / f"bundles/h200-executor-{name}-2026-11-29/bundle.tar.gz").unlink()
-        kit = [p for p in env["git"]["changed"] if p.startswith(KIT_DIRS)]
-        for p in kit:
-            (t / p).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(root / p, t / p)
-        assert tree_digest(t, paths + kit) == env["git"]["tree_digest"]
-    finally:
-        _git("worktree", "remove", "--force", str(work / "t"))
-        shutil.rmtree(work, ignore_errors=True)
+    known = {rel: bytes.fromhex(d) for rel, d in recorded.items()}
+    with _worktree(S5_COMMIT, ("perf", "kernels", "s3", "s4", "s4b")) as t:
+        digest = tree_digest(t, _tracked(S5_DEVICE_COMMIT) + kit, known)
+    assert digest == env["git"]["tree_digest"]

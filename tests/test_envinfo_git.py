@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from k3fasttrack.envinfo import git_state
+from k3fasttrack.envinfo import git_state, tree_digest
 from k3fasttrack.models.env import Environment
 from k3fasttrack.summary import _hardware
 
@@ -103,3 +103,19 @@ def test_an_untracked_nested_repository_counts_by_its_contents(tmp_path: Path) -
     assert git_state(repo).tree_digest != before.tree_digest
     (sub / "x.py").write_text("X = 1\n")
     assert git_state(repo).tree_digest == before.tree_digest
+
+
+def test_tree_digest_takes_known_file_digests(tmp_path: Path) -> None:
+    """A file hashed elsewhere (``known``: its raw sha256) counts exactly as its bytes on disk
+    would, present or not; a wrong record changes the digest."""
+    import hashlib
+
+    (tmp_path / "a.txt").write_text("alpha")
+    (tmp_path / "kit.whl").write_bytes(b"wheel bytes")
+    on_disk = tree_digest(tmp_path, ["a.txt", "kit.whl"])
+    kit_sha = hashlib.sha256(b"wheel bytes").digest()
+    (tmp_path / "kit.whl").unlink()
+    assert tree_digest(tmp_path, ["a.txt", "kit.whl"]) != on_disk  # now a deletion marker
+    assert tree_digest(tmp_path, ["a.txt", "kit.whl"], {"kit.whl": kit_sha}) == on_disk
+    wrong = hashlib.sha256(b"other").digest()
+    assert tree_digest(tmp_path, ["a.txt", "kit.whl"], {"kit.whl": wrong}) != on_disk
