@@ -226,6 +226,24 @@ def test_kda_moe_layer_kernel_count() -> None:
     assert len(base) > len(names4)
 
 
+def test_mla_moe_layer_kernel_count() -> None:
+    """Kernels one MLA + MoE layer launches: 13 at 1 token (AttnRes x2, q_a|kv_a|gate GEMV, the
+    fused q-norm + cache insert, q_b GEMV, absorb / attend / combine, o_proj, router + front,
+    two expert kernels, tail GEMV), 14 at 4 tokens (router and front apart)."""
+    _, _, spec, inp = _three(8, 5, 896, 1, 1, 1024)
+    pos = next(i for i, x in enumerate(spec.weights.layers) if x.kind == "mla")
+    names = M.layer_kernels(spec, pos, inp)
+    _, _, spec4, inp4 = _three(8, 5, 896, 4, 1, 1024)
+    names4 = M.layer_kernels(spec4, pos, inp4)
+    ok = len(names) == 13 and len(names4) == 14
+    record_case(op="executor_kernels", case=f"mla_moe_layer spec={len(names)} "
+                f"spec_b4={len(names4)}", dtype="-", max_abs_err=0.0, max_rel_err=0.0, atol=0.0,
+                rtol=0.0, passed=ok)
+    assert len(names) == 13, names
+    assert len(names4) == 14, names4
+    assert sum("mla_prep" in n for n in names) == 1, names
+
+
 def test_router_front_launch_gives_the_same_step(monkeypatch) -> None:
     """At 2 tokens the router + front projection launch (default) replays to the same logits,
     bit for bit, as separate router and front GEMV launches (``K3_DECODE_ROUTER_FRONT=0``): the

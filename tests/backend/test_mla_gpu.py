@@ -221,3 +221,57 @@ def test_mla_decode_cuda_graph_replays_new_inputs(variant):
     ok, msg = check_and_record(OP, f"{variant}/cuda_graph_replay/h12/fp8", out, reference(b, q),
                                atol, rtol, REL_FRO[torch.bfloat16])
     assert ok, msg
+
+
+@pytest.mark.parametrize("q,seq_lens", [(1, [1000]), (1, [700, 3000, 64, 2, 5, 9, 4096, 1]),
+                                        (2, [700, 3000, 64, 2])])
+def test_mla_decode_pdl_replays_match_the_plain_launch(q, seq_lens):
+    """``pdl=True`` (absorb and combine as programmatic dependent launches, weights loaded
+    before ``griddepcontrol.wait``) inside a CUDA graph right after the SIMT GEMV that writes
+    q (it signals ``launch_dependents`` at its start, so absorb really starts early): four
+    replays with fresh GEMV inputs each, every one bit-identical to the plain launch of the same
+    q and within tolerance of the float64 reference (an absorb reading q before its wait would
+    see the previous replay's q)."""
+    from backend.k3_decode.ops.gemv import gemv
+    from backend.k3_decode.ops.mla import mla_decode
+
+    heads = 12
+    inp = make_inputs(heads, seq_lens, q, "fp8", 64, seed=31)
+    t = len(seq_lens) * q
+    g = torch.Generator(device="cuda").manual_seed(5)
+    w_qb = (torch.randn(heads * 192, 1536, generator=g, device="cuda") * 0.03).bfloat16()
+    x = torch.empty(t, 1536, dtype=torch.bfloat16, device="cuda")
+    scale = torch.full((1,), FP8_SCALE, device="cuda")
+    fixed = {k: inp[k] for k in ("gate", "kv_cache", "block_table", "seq_lens", "w_uk_t", "w_uv")}
+    out_pdl, out_plain = (torch.empty_like(inp["gate"]) for _ in range(2))
+
+    def step(pdl: bool, out: torch.Tensor) -> torch.Tensor:
+        qb = gemv(x, w_qb, pdl=pdl).view(t, heads, 192)
+        mla_decode(qb[..., :128], qb[..., 128:], **fixed, q_per_request=q, kv_scale=scale,
+                   out=out, max_context=4096, pdl=pdl)
+        return qb
+
+    stream = torch.cuda.Stream()
+    x.copy_(torch.randn(t, 1536, generator=g, device="cuda").bfloat16())
+    with torch.cuda.stream(stream):
+        step(True, out_pdl)  # compile + load before capture
+        step(False, out_plain)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        qb = step(True, out_pdl)
+    atol, rtol = tolerance(torch.bfloat16)
+    for rep in range(4):
+        x.copy_(torch.randn(t, 1536, generator=g, device="cuda").bfloat16())
+        poison_(out_pdl)
+        graph.replay()
+        torch.cuda.synchronize()
+        with torch.cuda.stream(stream):
+            step(False, out_plain)
+        torch.cuda.synchronize()
+        assert torch.equal(out_pdl, out_plain), f"replay {rep}: PDL and plain launches differ"
+        ref_in = dict(inp, q_nope=qb[..., :128].clone(), q_pe=qb[..., 128:].clone())
+        ok, msg = check_and_record(OP, f"mma/pdl_graph/q{q}/r{len(seq_lens)}/replay{rep}",
+                                   out_pdl, reference(ref_in, q), atol, rtol,
+                                   REL_FRO[torch.bfloat16])
+        assert ok, msg

@@ -252,3 +252,58 @@ def test_prep_ops_in_a_cuda_graph_replay_on_fresh_inputs() -> None:
         torch.cuda.synchronize()
         check_glu(f"graph/replay{seed}/t8/la3584/i768", glu, 3584, 768)
         check_kv(f"graph/replay{seed}/t8/q2/bs64/fp8", kv, before, 2)
+
+
+# ---------------------------------------------------------------- mla_prep (fused)
+
+
+@pytest.mark.parametrize("r,q,bs,dtype,kv_scale,pad", [
+    (1, 1, 16, F8, 0.05, ()), (3, 1, 64, BF, 1.0, ()), (8, 8, 32, F8, 0.02, (0, 17, 63)),
+    (4, 2, 256, F8, 1.0, (3,))])
+@pytest.mark.parametrize("graph", [False, True])
+def test_mla_prep_equals_the_two_ops(r: int, q: int, bs: int, dtype: torch.dtype,
+                                     kv_scale: float, pad: tuple[int, ...], graph: bool) -> None:
+    """The one-launch q_a RMSNorm + cache insert writes exactly the bytes `rms_glu_prep` and
+    `mla_kv_insert` write (same inputs, poisoned outputs), eagerly and as a replayed graph on
+    fresh inputs; the cache rows are also checked against float64 (`check_kv`)."""
+    from backend.k3_decode.ops.prep import mla_kv_insert, mla_prep, rms_glu_prep
+
+    t = r * q
+
+    def inputs(seed: int) -> tuple[dict, dict]:
+        kv = kv_case(r, q, bs, dtype, kv_scale, seed=seed, pad_tokens=pad)
+        glu = glu_case(t, 1536, 0, True, True, seed=seed)
+        return kv, glu
+
+    kv, glu = inputs(1)
+    run = lambda: mla_prep(glu["a"], glu["a_weight"], glu["out"], **kv,  # noqa: E731
+                           q_per_request=q)
+    if graph:
+        run()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            run()
+        new_kv, new_glu = inputs(2)
+        for name in ("kv_c", "k_pe", "kv_norm_w", "block_table", "positions", "kv_scale"):
+            kv[name].copy_(new_kv[name])
+        for name in ("a", "a_weight"):
+            glu[name].copy_(new_glu[name])
+    poison_(kv["kv_cache"])
+    poison_(glu["buf"])
+    torch.cuda.synchronize()
+    before = kv["kv_cache"].cpu().clone()
+    if graph:
+        g.replay()
+    else:
+        run()
+    torch.cuda.synchronize()
+    fused_cache, fused_q = kv["kv_cache"].cpu().clone(), glu["out"].cpu().clone()
+    check_kv(f"mla_prep/t{t}/q{q}/bs{bs}/graph{int(graph)}", kv, before, q)
+    kv["kv_cache"].copy_(before.cuda())
+    poison_(glu["buf"])
+    rms_glu_prep(glu["a"], glu["a_weight"], None, glu["out"])
+    mla_kv_insert(**kv, q_per_request=q)
+    torch.cuda.synchronize()
+    assert torch.equal(_codes(kv["kv_cache"].cpu()), _codes(fused_cache))
+    assert torch.equal(_codes(glu["out"].cpu()), _codes(fused_q))

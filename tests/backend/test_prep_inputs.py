@@ -11,8 +11,10 @@ from backend.k3_decode.ops.prep.op import (
     check_kv_insert,
     check_rms_glu,
     compile_kv_insert,
+    compile_mla_prep,
     compile_rms_glu,
     mla_kv_insert,
+    mla_prep,
     rms_glu_prep,
 )
 
@@ -198,3 +200,29 @@ def test_min_bytes_count_each_tensor_once():
     # kv_c 512 + k_pe 64 bf16, position + block id, fp8 row 576; the weight once.
     assert kv_insert_min_bytes(1, True) == 1152 + 8 + 576 + 1024 + 4
     assert kv_insert_min_bytes(3, False) - kv_insert_min_bytes(2, False) == 1152 + 8 + 1152
+
+
+def _mla_prep_kwargs(t: int = 4, q: int = 2) -> dict:
+    kv = kv_inputs(t, q)
+    return {"q_c": torch.zeros(t, 1536, dtype=BF), "q_norm_w": torch.ones(1536, dtype=BF),
+            "q_out": torch.zeros(t, 1536, dtype=BF), **kv}
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"q_out": torch.zeros(3, 1536, dtype=BF)}, "q_c has 4 rows|a has 4 rows, out has 3"),
+    ({"q_c": torch.zeros(4, 1000, dtype=BF), "q_out": torch.zeros(4, 1000, dtype=BF)},
+     "multiple of 256"),
+    ({"q_norm_w": None}, "q_norm_w is required"),
+    ({"q_c": torch.zeros(2, 1536, dtype=BF), "q_out": torch.zeros(2, 1536, dtype=BF)},
+     "q_c has 2 rows, kv_c has 4"),
+    ({"kv_scale": torch.ones(2)}, "kv_scale must be a float32 tensor of one element"),
+    ({}, "needs CUDA tensors"),
+])
+def test_mla_prep_checks_both_parts_before_compiling(change: dict, match: str) -> None:
+    """Each part is checked as its own op checks it, plus equal token counts; nothing compiles."""
+    kw = _mla_prep_kwargs()
+    kw.update(change)
+    compiled = compile_mla_prep.cache_info().currsize
+    with pytest.raises(PrepInputError, match=match):
+        mla_prep(**kw)
+    assert compile_mla_prep.cache_info().currsize == compiled, "compiled before the checks"

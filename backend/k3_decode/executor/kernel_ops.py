@@ -11,9 +11,10 @@ experts' SiTU-GLU; with ``K3_DECODE_PREP=torch`` a torch prep does that instead)
 one GEMV). With ``side_stream=True`` a separate router runs on a second stream beside the front
 projection (joined before the experts). With ``pdl`` (``K3_DECODE_PDL=1``) the SIMT GEMVs are
 programmatic dependent launches: their first weight loads go out while the previous kernel
-runs. The MLA layer: one fused ``q_a|kv_a|k_pe|gate`` projection, q_a RMSNorm, fused kv
-RMSNorm + cache insert, one q_b projection, the three-kernel MLA decode (reading the gate and
-q_nope / q_pe as row-strided views of those outputs), o_proj.
+runs (the MLA op's absorb and combine too). The MLA layer (13 launches): one fused
+``q_a|kv_a|k_pe|gate`` projection, one launch for the q_a RMSNorm and the kv RMSNorm + cache
+insert, one q_b projection, the three-kernel MLA decode (reading the gate and q_nope / q_pe as
+row-strided views of those outputs), o_proj.
 Dense layer 0: gate_up, SiTU, down. (An L2 prefetch of the next weight on a third stream was
 measured on the H200 and cost time; it was removed, see backend/NOTES.md session 5.)
 """
@@ -67,11 +68,12 @@ class KernelOps:
         from backend.k3_decode.ops.kda import kda_decode
         from backend.k3_decode.ops.mla import mla_decode
         from backend.k3_decode.ops.moe import moe_experts
-        from backend.k3_decode.ops.prep import mla_kv_insert, rms_glu_prep
+        from backend.k3_decode.ops.prep import mla_kv_insert, mla_prep, rms_glu_prep
         from backend.k3_decode.ops.router import route
 
         self.cfg = cfg
         self._torch_prep = envs.K3_DECODE_PREP == "torch"
+        self._mla_prep = None if self._torch_prep else mla_prep
         if self._torch_prep:  # fallback, see NOTES.md
             rms_glu_prep, mla_kv_insert = torch_rms_glu_prep, torch_mla_kv_insert
         self._pdl = bool(envs.K3_DECODE_PDL if pdl is None else pdl)
@@ -134,17 +136,21 @@ class KernelOps:
         proj = self._gemv(h, w.qkv_a_g)  # one GEMV; the MLA op reads the gate rows in place
         q_c, kv_c, k_pe, gate = proj.split([m.q_lora_rank, m.kv_lora_rank, rope,
                                             nh * m.v_head_dim], dim=-1)
-        qn = self._prep(q_c, w.q_a_norm, None,
-                        torch.empty(t, m.q_lora_rank, dtype=h.dtype, device=h.device),
-                        eps=m.norm_eps)
-        self._insert(kv_c, k_pe, w.kv_a_norm, cache.kv_cache, inp.block_table, inp.positions,
-                     cache.kv_scale, q_per_request=inp.q, eps=m.norm_eps)
+        qn = torch.empty(t, m.q_lora_rank, dtype=h.dtype, device=h.device)
+        if self._mla_prep is not None:  # q_a RMSNorm + kv RMSNorm / cache insert: one launch
+            self._mla_prep(q_c, w.q_a_norm, qn, kv_c, k_pe, w.kv_a_norm, cache.kv_cache,
+                           inp.block_table, inp.positions, cache.kv_scale, q_per_request=inp.q,
+                           eps=m.norm_eps, q_eps=m.norm_eps)
+        else:
+            self._prep(q_c, w.q_a_norm, None, qn, eps=m.norm_eps)
+            self._insert(kv_c, k_pe, w.kv_a_norm, cache.kv_cache, inp.block_table,
+                         inp.positions, cache.kv_scale, q_per_request=inp.q, eps=m.norm_eps)
         qb = self._gemv(qn, w.q_b).view(t, nh, nope + rope)  # per head [nope | rope], one GEMV
         q_nope, q_pe = qb[..., :nope], qb[..., nope:]
         o = self._mla(q_nope, q_pe, gate, cache.kv_cache, inp.block_table, inp.seq_lens,
                       w.w_uk_t, w.w_uv, q_per_request=inp.q, kv_scale=cache.kv_scale,
                       softmax_scale=m.softmax_scale, max_context=self.max_context,
-                      check_lengths=False)
+                      check_lengths=False, pdl=self._pdl)
         return self._gemv(o, w.o_proj, out)
 
     def moe(self, w: MoeWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

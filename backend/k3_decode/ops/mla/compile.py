@@ -108,14 +108,17 @@ def launch_mla_decode(
     unroll: cutlass.Constexpr,
     tokens_per_cta: cutlass.Constexpr,
     variant: cutlass.Constexpr,
+    pdl: cutlass.Constexpr = False,
 ):
-    """Launch absorb -> split-KV attend -> combine/W_UV/gate on ``stream``."""
+    """Launch absorb -> split-KV attend -> combine/W_UV/gate on ``stream``; with ``pdl`` absorb
+    and combine are programmatic dependent launches (weights loaded before they wait)."""
     n_tokens = n_req * q_len
     token_groups = (n_tokens + tokens_per_cta - 1) // tokens_per_cta
     k.absorb_kernel(
         q_nope, q_pe, w_uk_t, kv_scale, q_lat, n_tokens, n_heads, qn_ts, qn_hs, qp_ts, qp_hs,
-        softmax_scale, tokens_per_cta
-    ).launch(grid=(n_heads, token_groups, 4), block=(k.ABSORB_THREADS, 1, 1), stream=stream)
+        softmax_scale, tokens_per_cta, pdl
+    ).launch(grid=(n_heads, token_groups, 4), block=(k.ABSORB_THREADS, 1, 1), stream=stream,
+             use_pdl=pdl)
     if cutlass.const_expr(variant == "mma"):
         km.attend_mma_kernel(
             q_lat, cache, block_table, seq_lens, o_part, lse_part, n_req, n_heads, q_len,
@@ -130,8 +133,9 @@ def launch_mla_decode(
                  block=(k.ATTN_THREADS, 1, 1), stream=stream)
     k.combine_kernel(
         o_part, lse_part, w_uv, gate, kv_scale, out, n_tokens, n_heads, gate_ts, n_splits,
-        tokens_per_cta
-    ).launch(grid=(n_heads, token_groups, 4), block=(k.COMBINE_THREADS, 1, 1), stream=stream)
+        tokens_per_cta, pdl
+    ).launch(grid=(n_heads, token_groups, 4), block=(k.COMBINE_THREADS, 1, 1), stream=stream,
+             use_pdl=pdl)
 
 
 def _fake_ptr(dtype: type[cutlass.Numeric]) -> cute.Pointer:
@@ -148,21 +152,24 @@ def _compile_args(cache_dtype: str) -> list[object]:
     return [*ptrs, *ints, cutlass.Float32(1.0), cuda.CUstream(0)]
 
 
-def compile_mla_decode(cache_dtype: str, tiling: Tiling, options: str | None = None) -> object:
-    """Compile the launcher for one cache dtype and tiling (no GPU needed)."""
+def compile_mla_decode(cache_dtype: str, tiling: Tiling, options: str | None = None,
+                       pdl: bool = False) -> object:
+    """Compile the launcher for one cache dtype and tiling (no GPU needed); ``pdl``: absorb and
+    combine as programmatic dependent launches."""
     if cache_dtype not in CACHE_DTYPES:
         raise ValueError(f"cache dtype must be one of {sorted(CACHE_DTYPES)}, got {cache_dtype!r}")
     args = _compile_args(cache_dtype)
-    consts = (tiling.rows, tiling.unroll, tiling.tokens_per_cta, tiling.variant)
+    consts = (tiling.rows, tiling.unroll, tiling.tokens_per_cta, tiling.variant, bool(pdl))
     if options:
         return cute.compile(launch_mla_decode, *args, *consts, options=options)
     return cute.compile(launch_mla_decode, *args, *consts)
 
 
 @functools.cache
-def compiled_mla_decode(cache_dtype: str, tiling: Tiling = DEFAULT_TILING) -> object:
+def compiled_mla_decode(cache_dtype: str, tiling: Tiling = DEFAULT_TILING,
+                        pdl: bool = False) -> object:
     """Cached compile for the current device (the DSL detects the GPU's arch)."""
-    return compile_mla_decode(cache_dtype, tiling)
+    return compile_mla_decode(cache_dtype, tiling, pdl=pdl)
 
 
 @dataclass(frozen=True)
@@ -219,12 +226,13 @@ def _capture_fds(sink: io.StringIO) -> Iterator[None]:
             sink.write(tmp.read().decode("utf-8", "replace"))
 
 
-def compile_report(cache_dtype: str, arch: str, tiling: Tiling = DEFAULT_TILING
-                   ) -> tuple[object, list[PtxasReport]]:
+def compile_report(cache_dtype: str, arch: str, tiling: Tiling = DEFAULT_TILING,
+                   pdl: bool = False) -> tuple[object, list[PtxasReport]]:
     """Compile for ``arch`` with ptxas remarks on; return the object and per-kernel usage."""
     if arch not in ARCHES:
         raise ValueError(f"arch must be one of {ARCHES}, got {arch!r}")
     buf = io.StringIO()
     with _capture_fds(buf):
-        obj = compile_mla_decode(cache_dtype, tiling, options=f"--gpu-arch {arch} remarks{{ptx}}")
+        obj = compile_mla_decode(cache_dtype, tiling, options=f"--gpu-arch {arch} remarks{{ptx}}",
+                                 pdl=pdl)
     return obj, parse_ptxas(buf.getvalue())

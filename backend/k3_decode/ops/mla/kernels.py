@@ -47,6 +47,23 @@ def _ptr_tensor(ptr: cute.Pointer, n: int | cutlass.Int32) -> cute.Tensor:
     return cute.make_tensor(ptr, cute.make_layout(n))
 
 
+def _smem4(base: cute.Tensor, off) -> cute.Tensor:
+    """4 consecutive fp32 of a flat shared-memory tensor at a 16-byte aligned element offset."""
+    p = cute.make_ptr(cutlass.Float32, (base.iterator + off).toint(), cute.AddressSpace.smem,
+                      assumed_align=16)
+    return cute.make_tensor(p, cute.make_layout(4))
+
+
+@cute.jit
+def _store4(base: cute.Tensor, off, acc: cute.Tensor, j):
+    """Store ``acc[j, 0..3]`` as one 16-byte shared-memory store at ``base[off]``."""
+    frag = cute.make_rmem_tensor(cute.make_layout(4), cutlass.Float32)
+    for c in cutlass.range_constexpr(4):
+        frag[c] = acc[j, c]
+    cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32, num_bits_per_copy=128)
+    cute.copy(cp, frag, _smem4(base, off))
+
+
 @cute.jit
 def _exp2(x: cutlass.Float32) -> cutlass.Float32:
     """Fast base-2 exponential (ex2.approx); exp2(-inf) = 0."""
@@ -71,42 +88,50 @@ def absorb_kernel(
     qp_hs: cutlass.Int32,
     softmax_scale: cutlass.Float32,
     tokens_per_cta: cutlass.Constexpr,
+    pdl: cutlass.Constexpr = False,
 ):
     """One CTA per (head, token group, 128-column block). Warp ``w`` sums the 32 rows
     ``32w .. 32w + 31`` of ``W_UK_T[h]``, lane ``l`` four adjacent columns (one 8-byte load per
-    row, all 32 in flight); the four warps' partial sums meet in shared memory."""
+    row, all 32 issued into registers before anything else); the four warps' partial sums meet
+    in shared memory. ``pdl`` (programmatic dependent launch): the weight loads go out, then
+    ``griddepcontrol.wait`` holds the CTA until the previous kernel (which writes q) is done."""
     tidx, _, _ = cute.arch.thread_idx()
     lane = tidx % 32
     warp = tidx // 32
     h, tg, cb = cute.arch.block_idx()
+    w_base = h * (D_NOPE * D_LAT) + cb * ABSORB_COLS + lane * 4
+    k0 = warp * (D_NOPE // ABSORB_WARPS)
+    w_rows = []  # this lane's W_UK_T values (does not depend on the previous kernel)
+    for kk in cutlass.range_constexpr(D_NOPE // ABSORB_WARPS):
+        off = w_base + (k0 + kk) * D_LAT
+        w_rows.append(
+            cute.make_tensor(w_uk_t + cute.assume(off, divby=4), cute.make_layout(4)).load())
+    if cutlass.const_expr(pdl):
+        cute.arch.griddepcontrol_wait()
+    # flat, row-major shared memory (a warp's lanes hit consecutive words: no bank conflicts)
     smem = cutlass.memory.SmemAllocator()
-    s_q = smem.allocate_tensor(cutlass.Float32, cute.make_layout((tokens_per_cta, D_NOPE)), 16)
+    s_q = smem.allocate_tensor(cutlass.Float32, cute.make_layout(tokens_per_cta * D_NOPE), 16)
     s_red = smem.allocate_tensor(
-        cutlass.Float32, cute.make_layout((ABSORB_WARPS, tokens_per_cta, ABSORB_COLS)), 16)
+        cutlass.Float32, cute.make_layout(ABSORB_WARPS * tokens_per_cta * ABSORB_COLS), 16)
     qscale = softmax_scale * LOG2E * _ptr_tensor(kv_scale, 1)[0]
     t0 = tg * tokens_per_cta
     g_qn = _ptr_tensor(q_nope, n_tokens * qn_ts)
     for j in cutlass.range_constexpr(tokens_per_cta):
         t = cutlass.min(t0 + j, n_tokens - 1)
-        s_q[j, tidx] = g_qn[t * qn_ts + h * qn_hs + tidx].to(cutlass.Float32)
+        s_q[j * D_NOPE + tidx] = g_qn[t * qn_ts + h * qn_hs + tidx].to(cutlass.Float32)
     cute.arch.sync_threads()
 
     acc = cute.make_rmem_tensor(cute.make_layout((tokens_per_cta, 4)), cutlass.Float32)
     acc.fill(0.0)
-    w_base = h * (D_NOPE * D_LAT) + cb * ABSORB_COLS + lane * 4
-    k0 = warp * (D_NOPE // ABSORB_WARPS)
-    for kk in cutlass.range(D_NOPE // ABSORB_WARPS, unroll=D_NOPE // ABSORB_WARPS):
-        k = k0 + kk
-        off = w_base + k * D_LAT
-        w = cute.make_tensor(w_uk_t + cute.assume(off, divby=4), cute.make_layout(4)).load()
-        wf = w.to(cutlass.Float32)
+    for kk in cutlass.range_constexpr(D_NOPE // ABSORB_WARPS):
+        wf = w_rows[kk].to(cutlass.Float32)
         for j in cutlass.range_constexpr(tokens_per_cta):
-            qv = s_q[j, k]
+            qv = s_q[j * D_NOPE + k0 + kk]
             for c in cutlass.range_constexpr(4):
                 acc[j, c] = acc[j, c] + qv * wf[c]
     for j in cutlass.range_constexpr(tokens_per_cta):
-        for c in cutlass.range_constexpr(4):
-            s_red[warp, j, lane * 4 + c] = acc[j, c]
+        if t0 + j < n_tokens:
+            _store4(s_red, (warp * tokens_per_cta + j) * ABSORB_COLS + lane * 4, acc, j)
     cute.arch.sync_threads()
 
     col = cb * ABSORB_COLS + tidx
@@ -117,7 +142,7 @@ def absorb_kernel(
         if t < n_tokens:
             tot = cutlass.Float32(0.0)
             for w in cutlass.range_constexpr(ABSORB_WARPS):
-                tot = tot + s_red[w, j, tidx]
+                tot = tot + s_red[(w * tokens_per_cta + j) * ABSORB_COLS + tidx]
             base = (t * n_heads + h) * D_QK
             g_out[base + col] = tot * qscale
             if cb == 0 and tidx < D_ROPE:
@@ -148,6 +173,7 @@ def attend_kernel(
     unroll: cutlass.Constexpr,  # tokens in flight per warp
 ):
     """Online-softmax attention of ``rows`` query rows over one chunk of one request."""
+    cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched combine may start
     tidx, _, _ = cute.arch.thread_idx()
     g, s, r = cute.arch.block_idx()
     n_splits = cute.arch.grid_dim()[1]
@@ -285,26 +311,38 @@ def combine_kernel(
     gate_ts: cutlass.Int32,
     n_splits: cutlass.Int32,
     tokens_per_cta: cutlass.Constexpr,
+    pdl: cutlass.Constexpr = False,
 ):
     """One CTA per (head, token group, 32 output columns): merge splits, W_UV, scale, gate.
 
-    Split merge: warp ``w`` merges tokens ``w, w + 4, ...`` of the group on its own (lane: 16
-    latent dims; no barrier between tokens). ``W_UV``: lane ``l`` of warp ``w`` owns four
+    Split merge: warp ``w`` merges tokens ``w, w + 4, ...`` of the group on its own (lane: the
+    16 latent dims ``c * 32 + lane``; no barrier between tokens). ``W_UV``: lane ``l`` of warp ``w`` owns four
     adjacent columns (``l % 8``) and the 32 latent rows ``i * 16 + 4w + l // 8`` (one 8-byte
     load per row, all in flight; interleaved rows keep the shared-memory reads conflict-free);
     the 16 row groups meet in shared memory. Padding tokens of the last group are skipped.
+    This lane's ``W_UV`` values are loaded into registers first; with ``pdl`` the CTA then
+    waits (``griddepcontrol.wait``) for the attention kernel before reading its partials.
     """
     cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
     tidx, _, _ = cute.arch.thread_idx()
     h, tg, cb = cute.arch.block_idx()
     lane = tidx % 32
     warp = tidx // 32
+    rg = warp * 4 + lane // 8
+    w_base = h * (D_LAT * D_V) + cb * 32 + (lane % 8) * 4
+    w_rows = []
+    for i in cutlass.range_constexpr(D_LAT // COMBINE_ROW_GROUPS):
+        off = w_base + (i * COMBINE_ROW_GROUPS + rg) * D_V
+        w_rows.append(cute.make_tensor(w_uv + cute.assume(off, divby=4), cute.make_layout(4)).load())
+    if cutlass.const_expr(pdl):
+        cute.arch.griddepcontrol_wait()
     total_rows = n_tokens * n_heads
+    # flat, row-major shared memory (no bank conflicts, see the docstring)
     smem = cutlass.memory.SmemAllocator()
-    s_lat = smem.allocate_tensor(
-        cutlass.Float32, cute.make_layout((tokens_per_cta, D_LAT)), 16)
+    s_lat = smem.allocate_tensor(cutlass.Float32, cute.make_layout(tokens_per_cta * D_LAT), 16)
     s_red = smem.allocate_tensor(
-        cutlass.Float32, cute.make_layout((COMBINE_ROW_GROUPS, tokens_per_cta, 32)), 16)
+        cutlass.Float32, cute.make_layout(COMBINE_ROW_GROUPS * tokens_per_cta * 32), 16)
+    g_o = _ptr_tensor(o_part, n_splits * total_rows * D_LAT)
     g_lse = _ptr_tensor(lse_part, n_splits * total_rows)
     t0 = tg * tokens_per_cta
     for jj in cutlass.range_constexpr(tokens_per_cta // COMBINE_WARPS):
@@ -325,31 +363,25 @@ def combine_kernel(
             v.fill(0.0)
             for sp in cutlass.range(n_splits, unroll=4):
                 wgt = _exp2(g_lse[sp * total_rows + row] - mx_safe) * inv
-                base = (cutlass.Int64(sp) * total_rows + row) * D_LAT + lane * 16
-                part = cute.make_tensor(
-                    o_part + cute.assume(base, divby=16), cute.make_layout(16)).load()
-                for c in cutlass.range_constexpr(16):
-                    v[c] = v[c] + wgt * part[c]
+                base = (cutlass.Int64(sp) * total_rows + row) * D_LAT + lane
+                for c in cutlass.range_constexpr(16):  # dims c*32 + lane: coalesced 128 B
+                    v[c] = v[c] + wgt * g_o[base + c * 32]
             for c in cutlass.range_constexpr(16):
-                s_lat[j, lane * 16 + c] = v[c]
+                s_lat[j * D_LAT + c * 32 + lane] = v[c]
     cute.arch.sync_threads()
 
     acc = cute.make_rmem_tensor(cute.make_layout((tokens_per_cta, 4)), cutlass.Float32)
     acc.fill(0.0)
-    rg = warp * 4 + lane // 8
-    w_base = h * (D_LAT * D_V) + cb * 32 + (lane % 8) * 4
-    for i in cutlass.range(D_LAT // COMBINE_ROW_GROUPS, unroll=D_LAT // COMBINE_ROW_GROUPS):
+    for i in cutlass.range_constexpr(D_LAT // COMBINE_ROW_GROUPS):
         li = i * COMBINE_ROW_GROUPS + rg
-        off = w_base + li * D_V
-        w = cute.make_tensor(w_uv + cute.assume(off, divby=4), cute.make_layout(4)).load()
-        wf = w.to(cutlass.Float32)
+        wf = w_rows[i].to(cutlass.Float32)
         for j in cutlass.range_constexpr(tokens_per_cta):
-            lv = s_lat[j, li]
+            lv = s_lat[j * D_LAT + li]
             for c in cutlass.range_constexpr(4):
                 acc[j, c] = acc[j, c] + lv * wf[c]
     for j in cutlass.range_constexpr(tokens_per_cta):
-        for c in cutlass.range_constexpr(4):
-            s_red[rg, j, (lane % 8) * 4 + c] = acc[j, c]
+        if t0 + j < n_tokens:  # 8 lanes (one row group) store one 128-byte row: conflict-free
+            _store4(s_red, (rg * tokens_per_cta + j) * 32 + (lane % 8) * 4, acc, j)
     cute.arch.sync_threads()
     scale = _ptr_tensor(kv_scale, 1)[0]
     g_gate = _ptr_tensor(gate, n_tokens * gate_ts)
@@ -361,7 +393,7 @@ def combine_kernel(
         if t < n_tokens:
             tot = cutlass.Float32(0.0)
             for g in cutlass.range_constexpr(COMBINE_ROW_GROUPS):
-                tot = tot + s_red[g, j, lane]
+                tot = tot + s_red[(g * tokens_per_cta + j) * 32 + lane]
             gv = g_gate[t * gate_ts + h * D_V + col].to(cutlass.Float32)
             sig = 1.0 / (1.0 + _exp2(-gv * LOG2E))
             g_out[t * (n_heads * D_V) + h * D_V + col] = (tot * scale * sig).to(cutlass.BFloat16)

@@ -28,6 +28,7 @@ from backend.k3_decode.ops.mla.kernels import D_LAT, D_QK, NEG, _exp2, _ptr_tens
 M_TILE = 16
 THREADS = 128
 Q_STRIDE = D_QK + 8  # padded smem rows: conflict-free 32-bit fragment loads
+Q_VECS = M_TILE * D_QK // 4 // THREADS  # 16-byte query loads per thread
 
 
 def mma_params(cache_dtype: type[cutlass.Numeric]) -> dict:
@@ -54,6 +55,7 @@ def attend_mma_kernel(
     max_context: cutlass.Int32,
 ):
     """Split-KV latent attention of 16 query rows over one chunk, on tensor cores."""
+    cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched combine may start
     cdt = cache.dtype
     prm = mma_params(cdt)
     t16, n_tile, rs, hilo = prm["t16"], prm["n_tile"], prm["row_stride"], prm["hilo"]
@@ -98,16 +100,24 @@ def attend_mma_kernel(
                     n_end, 0, tidx, n_tile, rs, epc, cpt, chunks_per_thread)
     cute.arch.cp_async_commit_group()
 
-    # Query rows -> shared memory (f16/bf16, hi + lo for bf16).
-    g_q = _ptr_tensor(q_lat, total_rows * D_QK)
-    for idx in cutlass.range(tidx, M_TILE * D_QK, THREADS):
-        i, d = idx // D_QK, idx % D_QK
+    # Query rows -> shared memory (f16/bf16, hi + lo for bf16): 16-byte loads, all of a
+    # thread's 18 issued before the first use (a rolled scalar loop waited on each load).
+    qv = []
+    for c in cutlass.range_constexpr(Q_VECS):
+        idx = tidx + c * THREADS
+        i, d4 = idx // (D_QK // 4), idx % (D_QK // 4)
         m = cutlass.min(row0 + i, rows_per_req - 1)
-        v = g_q[(r * rows_per_req + m) * D_QK + d]
-        hi = v.to(t16)
-        s_q[i, d] = hi
-        if cutlass.const_expr(hilo):
-            s_qlo[i, d] = (v - hi.to(cutlass.Float32)).to(t16)
+        off = (r * rows_per_req + m) * D_QK + d4 * 4
+        qv.append(cute.make_tensor(q_lat + cute.assume(off, divby=4), cute.make_layout(4)).load())
+    for c in cutlass.range_constexpr(Q_VECS):
+        idx = tidx + c * THREADS
+        i, d4 = idx // (D_QK // 4), idx % (D_QK // 4)
+        for e in cutlass.range_constexpr(4):
+            v = qv[c][e]
+            hi = v.to(t16)
+            s_q[i, d4 * 4 + e] = hi
+            if cutlass.const_expr(hilo):
+                s_qlo[i, d4 * 4 + e] = (v - hi.to(cutlass.Float32)).to(t16)
 
     cute.arch.sync_threads()
     # FP8: this warp's query fragments (k-steps 9 wid .. 9 wid + 8, latent dims 144 wid ..) stay

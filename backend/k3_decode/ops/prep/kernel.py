@@ -8,6 +8,8 @@
     the first warp), then thread `tid` scales and stores vectors `tid + 256*i`, one bf16
     rounding per element. No shared memory and no barrier (a first version with a CTA
     reduction through shared memory hung on the H200; see NOTES.md).
+`mla_prep_kernel`: both in one launch for the MLA layer (CTA (t, 0) token t's q_a RMSNorm,
+  CTA (t, 1) its cache insert).
 `mla_kv_insert_kernel`, one warp per token: lane l owns latent vectors l and l + 32 (8 values
   each), lanes 0..7 also the 64 k_pe elements. RMSNorm over the 512 latent values (warp
   reduction), then the 576-value row
@@ -120,18 +122,13 @@ def _row_sumsq(row: cute.Pointer, nv: cutlass.Constexpr) -> F32:
     return cute.arch.warp_reduction_sum(ss)
 
 
-@cute.kernel
-def rms_glu_prep_kernel(a: cute.Pointer, a_w: cute.Pointer, gu: cute.Pointer,
-                        out: cute.Pointer, ld_a: I64, ld_gu: I64, ld_out: I64,
-                        la: cutlass.Constexpr, inter: cutlass.Constexpr,
-                        has_weight: cutlass.Constexpr, eps: cutlass.Constexpr,
-                        beta: cutlass.Constexpr, linear_beta: cutlass.Constexpr):
-    """One token: RMSNorm of its `a` row into out[:La], SiTU-GLU of its `gu` row into out[La:].
-
-    Barrier-free: each warp sums the whole `a` row itself (the row is a few KB, served from
-    L1/L2 after the first warp), then every thread scales and stores its own vectors."""
-    cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
-    tok, _, _ = cute.arch.block_idx()
+@cute.jit
+def _rms_glu_row(a: cute.Pointer, a_w: cute.Pointer, gu: cute.Pointer, out: cute.Pointer,
+                 ld_a: I64, ld_gu: I64, ld_out: I64, tok: I32, la: cutlass.Constexpr,
+                 inter: cutlass.Constexpr, has_weight: cutlass.Constexpr, eps: cutlass.Constexpr,
+                 beta: cutlass.Constexpr, linear_beta: cutlass.Constexpr):
+    """Token `tok`'s RMSNorm of `a` into out[:La] and SiTU-GLU of `gu` into out[La:] (all 256
+    threads of the CTA; see `rms_glu_prep_kernel`)."""
     tid, _, _ = cute.arch.thread_idx()
     out_row = out + tok.to(I64) * ld_out
     nva, nvg = la // V, inter // V
@@ -162,6 +159,22 @@ def rms_glu_prep_kernel(a: cute.Pointer, a_w: cute.Pointer, gu: cute.Pointer,
                 _store8(out_row + v * V, y, 0)
 
 
+@cute.kernel
+def rms_glu_prep_kernel(a: cute.Pointer, a_w: cute.Pointer, gu: cute.Pointer,
+                        out: cute.Pointer, ld_a: I64, ld_gu: I64, ld_out: I64,
+                        la: cutlass.Constexpr, inter: cutlass.Constexpr,
+                        has_weight: cutlass.Constexpr, eps: cutlass.Constexpr,
+                        beta: cutlass.Constexpr, linear_beta: cutlass.Constexpr):
+    """One token: RMSNorm of its `a` row into out[:La], SiTU-GLU of its `gu` row into out[La:].
+
+    Barrier-free: each warp sums the whole `a` row itself (the row is a few KB, served from
+    L1/L2 after the first warp), then every thread scales and stores its own vectors."""
+    cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
+    tok, _, _ = cute.arch.block_idx()
+    _rms_glu_row(a, a_w, gu, out, ld_a, ld_gu, ld_out, tok, la, inter, has_weight, eps, beta,
+                 linear_beta)
+
+
 @cute.jit
 def rms_glu_prep_launch(a: cute.Pointer, a_w: cute.Pointer, gu: cute.Pointer, out: cute.Pointer,
                         n_tok: I32, ld_a: I64, ld_gu: I64, ld_out: I64, stream: cuda.CUstream,
@@ -185,19 +198,13 @@ def _store_fp8(dst: cute.Pointer, y: cute.Tensor, inv: F32):
     cute.copy(cp, q, vec(dst, U32, 2, 8))
 
 
-@cute.kernel
-def mla_kv_insert_kernel(kv_c: cute.Pointer, k_pe: cute.Pointer, kv_w: cute.Pointer,
-                         cache: cute.Pointer, block_table: cute.Pointer, positions: cute.Pointer,
-                         kv_scale: cute.Pointer, ld_kvc: I64, ld_kpe: I64, ld_bt: I64,
-                         ld_blk: I64, ld_slot: I64, q_per_request: I32, log2_bs: I32,
-                         max_blocks: I32, num_blocks: I32, fp8: cutlass.Constexpr,
-                         eps: cutlass.Constexpr):
-    """One token (one warp): normalise its latent, append k_pe, store the row into its slot.
-
-    Lane l owns latent vectors l and l + 32 (8 values each); lanes 0..7 also the k_pe vectors.
-    A warp reduction gives sum(x^2): no shared memory, no barrier."""
-    cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
-    tok, _, _ = cute.arch.block_idx()
+@cute.jit
+def _kv_insert_row(kv_c: cute.Pointer, k_pe: cute.Pointer, kv_w: cute.Pointer,
+                   cache: cute.Pointer, block_table: cute.Pointer, positions: cute.Pointer,
+                   kv_scale: cute.Pointer, ld_kvc: I64, ld_kpe: I64, ld_bt: I64, ld_blk: I64,
+                   ld_slot: I64, q_per_request: I32, log2_bs: I32, max_blocks: I32,
+                   num_blocks: I32, tok: I32, fp8: cutlass.Constexpr, eps: cutlass.Constexpr):
+    """Token `tok`'s cache row, by the calling warp (threads 0..31; see `mla_kv_insert_kernel`)."""
     tid, _, _ = cute.arch.thread_idx()
     y = cute.make_rmem_tensor((2 * V,), F32)
     w = cute.make_rmem_tensor((2 * V,), F32)
@@ -240,6 +247,64 @@ def mla_kv_insert_kernel(kv_c: cute.Pointer, k_pe: cute.Pointer, kv_w: cute.Poin
                 _store_fp8(row + KV_LAT + tid * V, pe, inv)
             else:
                 _store8(row + KV_LAT + tid * V, pe, 0)
+
+
+
+
+@cute.kernel
+def mla_kv_insert_kernel(kv_c: cute.Pointer, k_pe: cute.Pointer, kv_w: cute.Pointer,
+                         cache: cute.Pointer, block_table: cute.Pointer, positions: cute.Pointer,
+                         kv_scale: cute.Pointer, ld_kvc: I64, ld_kpe: I64, ld_bt: I64,
+                         ld_blk: I64, ld_slot: I64, q_per_request: I32, log2_bs: I32,
+                         max_blocks: I32, num_blocks: I32, fp8: cutlass.Constexpr,
+                         eps: cutlass.Constexpr):
+    """One token (one warp): normalise its latent, append k_pe, store the row into its slot.
+
+    Lane l owns latent vectors l and l + 32 (8 values each); lanes 0..7 also the k_pe vectors.
+    A warp reduction gives sum(x^2): no shared memory, no barrier."""
+    cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
+    tok, _, _ = cute.arch.block_idx()
+    _kv_insert_row(kv_c, k_pe, kv_w, cache, block_table, positions, kv_scale, ld_kvc, ld_kpe,
+                   ld_bt, ld_blk, ld_slot, q_per_request, log2_bs, max_blocks, num_blocks, tok,
+                   fp8, eps)
+
+
+@cute.kernel
+def mla_prep_kernel(q_c: cute.Pointer, q_w: cute.Pointer, q_out: cute.Pointer, ld_q: I64,
+                    ld_qo: I64, kv_c: cute.Pointer, k_pe: cute.Pointer, kv_w: cute.Pointer,
+                    cache: cute.Pointer, block_table: cute.Pointer, positions: cute.Pointer,
+                    kv_scale: cute.Pointer, ld_kvc: I64, ld_kpe: I64, ld_bt: I64, ld_blk: I64,
+                    ld_slot: I64, q_per_request: I32, log2_bs: I32, max_blocks: I32,
+                    num_blocks: I32, q_la: cutlass.Constexpr, q_eps: cutlass.Constexpr,
+                    fp8: cutlass.Constexpr, eps: cutlass.Constexpr):
+    """The MLA layer's two small jobs in one launch: CTA (t, 0) is token t's q_a RMSNorm
+    (`rms_glu_prep_kernel`'s math, 256 threads), CTA (t, 1) its cache insert (warp 0, as
+    `mla_kv_insert_kernel`)."""
+    cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
+    tok, job, _ = cute.arch.block_idx()
+    tid, _, _ = cute.arch.thread_idx()
+    if job == 0:
+        _rms_glu_row(q_c, q_w, q_c, q_out, ld_q, ld_q, ld_qo, tok, q_la, 0, True, q_eps, 1.0, 1.0)
+    if (job != 0) & (tid < KV_THREADS):
+        _kv_insert_row(kv_c, k_pe, kv_w, cache, block_table, positions, kv_scale, ld_kvc, ld_kpe,
+                       ld_bt, ld_blk, ld_slot, q_per_request, log2_bs, max_blocks, num_blocks,
+                       tok, fp8, eps)
+
+
+@cute.jit
+def mla_prep_launch(q_c: cute.Pointer, q_w: cute.Pointer, q_out: cute.Pointer, ld_q: I64,
+                    ld_qo: I64, kv_c: cute.Pointer, k_pe: cute.Pointer, kv_w: cute.Pointer,
+                    cache: cute.Pointer, block_table: cute.Pointer, positions: cute.Pointer,
+                    kv_scale: cute.Pointer, n_tok: I32, ld_kvc: I64, ld_kpe: I64, ld_bt: I64,
+                    ld_blk: I64, ld_slot: I64, q_per_request: I32, log2_bs: I32,
+                    max_blocks: I32, num_blocks: I32, stream: cuda.CUstream,
+                    q_la: cutlass.Constexpr, q_eps: cutlass.Constexpr, fp8: cutlass.Constexpr,
+                    eps: cutlass.Constexpr):
+    """Host side: two CTAs per token (q norm, cache insert) on the caller's stream."""
+    mla_prep_kernel(q_c, q_w, q_out, ld_q, ld_qo, kv_c, k_pe, kv_w, cache, block_table,
+                    positions, kv_scale, ld_kvc, ld_kpe, ld_bt, ld_blk, ld_slot, q_per_request,
+                    log2_bs, max_blocks, num_blocks, q_la, q_eps, fp8, eps).launch(
+                        grid=(n_tok, 2, 1), block=(THREADS, 1, 1), stream=stream)
 
 
 @cute.jit

@@ -6,7 +6,9 @@
 `mla_kv_insert(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions, kv_scale)` stores each
   token's latent row `[rms_norm(kv_c) * kv_norm_w | k_pe]` into its paged cache slot, as fp8 E4M3
   of `row / kv_scale` (saturated to +-448, `reference.mla.quantize_latent_fp8`) or as bf16.
-Both launch one CTA per token on the caller's current stream, take every size from host values
+`mla_prep(q_c, q_norm_w, q_out, kv_c, ...)` does the q_a RMSNorm (`rms_glu_prep(q_c, q_norm_w,
+  None, q_out)`) and `mla_kv_insert` in one launch (two CTAs per token).
+They launch one CTA per token on the caller's current stream, take every size from host values
 and read `positions` / `block_table` / `kv_scale` on the device, so a CUDA graph replays them.
 """
 
@@ -84,8 +86,10 @@ def _check_scalars(op: str, **values: float) -> None:
 
 def check_rms_glu(a: torch.Tensor | None, a_weight: torch.Tensor | None,
                   gu: torch.Tensor | None, out: torch.Tensor, eps: float = 1e-6,
-                  beta: float = 4.0, linear_beta: float = 25.0) -> tuple[int, int, int]:
-    """Validate the `rms_glu_prep` inputs; returns `(T, La, I)` or raises `PrepInputError`."""
+                  beta: float = 4.0, linear_beta: float = 25.0, device: bool = True
+                  ) -> tuple[int, int, int]:
+    """Validate the `rms_glu_prep` inputs; returns `(T, La, I)` or raises `PrepInputError`.
+    `device=False` leaves out the device check (a caller that checks more tensors does it)."""
     err, op = PrepInputError, "rms_glu_prep"
     _check_scalars(op, eps=eps, beta=beta, linear_beta=linear_beta)
     need(isinstance(out, torch.Tensor) and out.dim() == 2, err, op,
@@ -116,7 +120,8 @@ def check_rms_glu(a: torch.Tensor | None, a_weight: torch.Tensor | None,
     if gu is not None:
         check_tensor(err, op, "gu", gu, BF, (t, 2 * inter), row_strided=True)
         present.append(gu)
-    check_device(err, op, *present)
+    if device:
+        check_device(err, op, *present)
     return t, la, inter
 
 
@@ -163,8 +168,9 @@ def rms_glu_prep(a: torch.Tensor | None, a_weight: torch.Tensor | None, gu: torc
 def check_kv_insert(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_norm_w: torch.Tensor,
                     kv_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
                     kv_scale: torch.Tensor, q_per_request: int,
-                    eps: float = 1e-6) -> tuple[int, int]:
-    """Validate the `mla_kv_insert` inputs; returns `(T, block_size)` or raises `PrepInputError`."""
+                    eps: float = 1e-6, device: bool = True) -> tuple[int, int]:
+    """Validate the `mla_kv_insert` inputs; returns `(T, block_size)` or raises `PrepInputError`
+    (`device=False`: without the device check, as `check_rms_glu`)."""
     err, op = PrepInputError, "mla_kv_insert"
     _check_scalars(op, eps=eps)
     t = _rows(err, op, "kv_c", kv_c)
@@ -200,7 +206,8 @@ def check_kv_insert(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_norm_w: torch.Ten
          f"positions must be a contiguous ({t},) tensor, got {tuple(positions.shape)}")
     need(isinstance(kv_scale, torch.Tensor) and kv_scale.dtype == torch.float32
          and kv_scale.numel() == 1, err, op, "kv_scale must be a float32 tensor of one element")
-    check_device(err, op, kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions, kv_scale)
+    if device:
+        check_device(err, op, kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions, kv_scale)
     return t, bs
 
 
@@ -221,6 +228,21 @@ def compile_kv_insert(key: KvInsertKey, extra_options: str = ""):
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
+def _kv_args(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_norm_w: torch.Tensor,
+             kv_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
+             kv_scale: torch.Tensor, t: int, bs: int, q_per_request: int) -> list:
+    """The cache-insert launch arguments (pointers, token count, strides, sizes), checked inputs."""
+    import cutlass
+
+    cache = kv_cache.view(torch.uint8) if kv_cache.dtype == F8 else kv_cache
+    i32, i64 = cutlass.Int32, cutlass.Int64
+    return [ptr(kv_c), ptr(k_pe), ptr(kv_norm_w), ptr(cache), ptr(block_table, 4),
+            ptr(positions, 4), ptr(kv_scale.reshape(1), 4), i32(t), i64(kv_c.stride(0)),
+            i64(k_pe.stride(0)), i64(block_table.stride(0)), i64(cache.stride(0)),
+            i64(cache.stride(1)), i32(q_per_request), i32(bs.bit_length() - 1),
+            i32(block_table.shape[1]), i32(kv_cache.shape[0])]
+
+
 def mla_kv_insert(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_norm_w: torch.Tensor,
                   kv_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
                   kv_scale: torch.Tensor, *, q_per_request: int = 1, eps: float = 1e-6) -> None:
@@ -238,15 +260,65 @@ def mla_kv_insert(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_norm_w: torch.Tenso
                             q_per_request, eps)
     fp8 = kv_cache.dtype == F8
     fn = compile_kv_insert(KvInsertKey(fp8, float(eps), target_arch()))
+    fn(*_kv_args(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions, kv_scale, t, bs,
+                 q_per_request), stream_of(kv_c.device))
+
+
+@dataclass(frozen=True)
+class MlaPrepKey:
+    """What a compiled `mla_prep` variant is specialised on."""
+
+    q_la: int
+    q_eps: float
+    fp8: bool
+    eps: float
+    arch: str
+
+
+@functools.cache
+def compile_mla_prep(key: MlaPrepKey, extra_options: str = ""):
+    """Compile (once per key) the fused q-norm + cache-insert launcher; no GPU is needed."""
+    import cuda.bindings.driver as cuda
+    import cutlass
+    from cutlass import cute
+
+    from backend.k3_decode.ops.prep.kernel import mla_prep_launch
+
+    bf, i32, i64 = cutlass.BFloat16, cutlass.Int32, cutlass.Int64
+    cache = fake_ptr(cutlass.Uint8 if key.fp8 else bf)
+    args = [fake_ptr(bf), fake_ptr(bf), fake_ptr(bf), i64(1), i64(1)]
+    args += [fake_ptr(bf), fake_ptr(bf), fake_ptr(bf), cache, fake_ptr(i32, 4), fake_ptr(i32, 4),
+             fake_ptr(cutlass.Float32, 4), i32(1)] + [i64(1)] * 5 + [i32(1)] * 4
+    return cute.compile(mla_prep_launch, *args, cuda.CUstream(0), key.q_la, key.q_eps, key.fp8,
+                        key.eps, options=f"--gpu-arch {key.arch} {extra_options}".strip())
+
+
+def mla_prep(q_c: torch.Tensor, q_norm_w: torch.Tensor, q_out: torch.Tensor,
+             kv_c: torch.Tensor, k_pe: torch.Tensor, kv_norm_w: torch.Tensor,
+             kv_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
+             kv_scale: torch.Tensor, *, q_per_request: int = 1, eps: float = 1e-6,
+             q_eps: float = 1e-6) -> torch.Tensor:
+    """`rms_glu_prep(q_c, q_norm_w, None, q_out, eps=q_eps)` and `mla_kv_insert(kv_c, k_pe,
+    kv_norm_w, kv_cache, block_table, positions, kv_scale)` in one launch (the same kernels'
+    math, bit for bit); returns `q_out`. Each part's inputs are checked as those ops check them,
+    and both must have the same token count. Raises `PrepInputError` before any compile.
+    """
+    need(q_norm_w is not None, PrepInputError, "mla_prep", "q_norm_w is required")
+    t_q, la, _ = check_rms_glu(q_c, q_norm_w, None, q_out, q_eps, device=False)
+    t, bs = check_kv_insert(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions, kv_scale,
+                            q_per_request, eps, device=False)
+    need(t_q == t, PrepInputError, "mla_prep", f"q_c has {t_q} rows, kv_c has {t}")
+    check_device(PrepInputError, "mla_prep", q_c, q_norm_w, q_out, kv_c, k_pe, kv_norm_w,
+                 kv_cache, block_table, positions, kv_scale)
+    fp8 = kv_cache.dtype == F8
+    fn = compile_mla_prep(MlaPrepKey(la, float(q_eps), fp8, float(eps), target_arch()))
     import cutlass
 
-    cache = kv_cache.view(torch.uint8) if fp8 else kv_cache
-    i32, i64 = cutlass.Int32, cutlass.Int64
-    fn(ptr(kv_c), ptr(k_pe), ptr(kv_norm_w), ptr(cache), ptr(block_table, 4), ptr(positions, 4),
-       ptr(kv_scale.reshape(1), 4), i32(t), i64(kv_c.stride(0)), i64(k_pe.stride(0)),
-       i64(block_table.stride(0)), i64(cache.stride(0)), i64(cache.stride(1)), i32(q_per_request),
-       i32(bs.bit_length() - 1), i32(block_table.shape[1]), i32(kv_cache.shape[0]),
-       stream_of(kv_c.device))
+    i64 = cutlass.Int64
+    fn(ptr(q_c), ptr(q_norm_w), ptr(q_out), i64(q_c.stride(0)), i64(q_out.stride(0)),
+       *_kv_args(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions, kv_scale, t, bs,
+                 q_per_request), stream_of(kv_c.device))
+    return q_out
 
 
 def rms_glu_min_bytes(t: int, la: int, inter: int, has_weight: bool) -> int:
