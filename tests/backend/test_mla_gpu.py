@@ -248,7 +248,7 @@ def test_mla_decode_pdl_replays_match_the_plain_launch(q, seq_lens):
     def step(pdl: bool, out: torch.Tensor) -> torch.Tensor:
         qb = gemv(x, w_qb, pdl=pdl).view(t, heads, 192)
         mla_decode(qb[..., :128], qb[..., 128:], **fixed, q_per_request=q, kv_scale=scale,
-                   out=out, max_context=4096, pdl=pdl)
+                   out=out, max_context=max(seq_lens), pdl=pdl)
         return qb
 
     stream = torch.cuda.Stream()

@@ -9,7 +9,8 @@ registers. Steps, matching vLLM 0.33.0's `_attn_res_kernel` and the float64 refe
      bytes: CTA reductions of sum(x^2) and x . (norm_w * proj_w) give its logit
      `rsqrt(mean(x^2) + eps) * x . q`; an online softmax (running max, rescaled sums) folds the
      source into the mix. Every source byte is read once.
-  3. output RMSNorm of the mix (eps_out) times its weight, bf16 out.
+  3. output RMSNorm of the mix (eps_out) times its weight (loaded with the other weights at the
+     start), bf16 out.
 """
 
 from __future__ import annotations
@@ -89,6 +90,9 @@ def attn_res_kernel(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
     tmp = cute.make_rmem_tensor((n,), F32)
     _load_row(norm_w, qk, per)
     _load_row(proj_w, tmp, per)
+    ow = cute.make_rmem_tensor((n,), F32)
+    if cutlass.const_expr(out_norm):  # loaded now: after the barriers below it would cost a
+        _load_row(out_w, ow, per)  # memory round trip of its own
     for i in cutlass.range_constexpr(n):
         qk[i] = qk[i] * tmp[i]
     pre = cute.make_rmem_tensor((n,), F32)
@@ -135,9 +139,8 @@ def attn_res_kernel(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
             ss += mix[i] * mix[i]
         ss, _ = _cta_sum2(ss, F32(0.0), red, num_blocks + 1)
         r = cute.rsqrt(ss * F32(1.0 / h) + F32(out_eps))
-        _load_row(out_w, tmp, per)
         for i in cutlass.range_constexpr(n):
-            mix[i] = mix[i] * r * tmp[i]
+            mix[i] = mix[i] * r * ow[i]
     _store_row(out + tok.to(I64) * ld_out, mix, per)
 
 

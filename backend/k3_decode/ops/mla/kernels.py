@@ -315,8 +315,10 @@ def combine_kernel(
 ):
     """One CTA per (head, token group, 32 output columns): merge splits, W_UV, scale, gate.
 
-    Split merge: warp ``w`` merges tokens ``w, w + 4, ...`` of the group on its own (lane: the
-    16 latent dims ``c * 32 + lane``; no barrier between tokens). ``W_UV``: lane ``l`` of warp ``w`` owns four
+    Split merge: the four warps merge every token of the group together, warp ``w`` the latent
+    dims ``128 w .. 128 w + 127``, lane ``l`` four adjacent ones (one 16-byte partial load per
+    split; was one warp per token with 16 four-byte loads per split, which left three warps idle
+    at one token); each warp computes the token's LSE weights itself. ``W_UV``: lane ``l`` of warp ``w`` owns four
     adjacent columns (``l % 8``) and the 32 latent rows ``i * 16 + 4w + l // 8`` (one 8-byte
     load per row, all in flight; interleaved rows keep the shared-memory reads conflict-free);
     the 16 row groups meet in shared memory. Padding tokens of the last group are skipped.
@@ -342,11 +344,11 @@ def combine_kernel(
     s_lat = smem.allocate_tensor(cutlass.Float32, cute.make_layout(tokens_per_cta * D_LAT), 16)
     s_red = smem.allocate_tensor(
         cutlass.Float32, cute.make_layout(COMBINE_ROW_GROUPS * tokens_per_cta * 32), 16)
-    g_o = _ptr_tensor(o_part, n_splits * total_rows * D_LAT)
     g_lse = _ptr_tensor(lse_part, n_splits * total_rows)
     t0 = tg * tokens_per_cta
-    for jj in cutlass.range_constexpr(tokens_per_cta // COMBINE_WARPS):
-        j = jj * COMBINE_WARPS + warp
+    d0 = warp * (D_LAT // COMBINE_WARPS) + lane * 4  # this lane's 4 latent dims
+    v = cute.make_rmem_tensor(cute.make_layout((1, 4)), cutlass.Float32)
+    for j in cutlass.range_constexpr(tokens_per_cta):
         if t0 + j < n_tokens:
             row = (t0 + j) * n_heads + h
             mx = cutlass.Float32(-math.inf)
@@ -359,15 +361,15 @@ def combine_kernel(
                 den = den + _exp2(g_lse[sp * total_rows + row] - mx_safe)
             den = cute.arch.warp_reduction(den, lambda a, b: a + b)
             inv = cutlass.select_(den > 0.0, 1.0 / den, 0.0)
-            v = cute.make_rmem_tensor(cute.make_layout(16), cutlass.Float32)
             v.fill(0.0)
-            for sp in cutlass.range(n_splits, unroll=4):
+            for sp in cutlass.range(n_splits, unroll=8):
                 wgt = _exp2(g_lse[sp * total_rows + row] - mx_safe) * inv
-                base = (cutlass.Int64(sp) * total_rows + row) * D_LAT + lane
-                for c in cutlass.range_constexpr(16):  # dims c*32 + lane: coalesced 128 B
-                    v[c] = v[c] + wgt * g_o[base + c * 32]
-            for c in cutlass.range_constexpr(16):
-                s_lat[j * D_LAT + c * 32 + lane] = v[c]
+                base = (cutlass.Int64(sp) * total_rows + row) * D_LAT + d0
+                o4 = cute.make_tensor(o_part + cute.assume(base, divby=4),
+                                      cute.make_layout(4)).load()
+                for c in cutlass.range_constexpr(4):
+                    v[0, c] = v[0, c] + wgt * o4[c]
+            _store4(s_lat, j * D_LAT + d0, v, 0)
     cute.arch.sync_threads()
 
     acc = cute.make_rmem_tensor(cute.make_layout((tokens_per_cta, 4)), cutlass.Float32)
