@@ -295,6 +295,38 @@ def _merge_warps_and_store(acc, m_i, l_i, o_part, lse_part, s, n_splits, r, row0
                     den > 0.0, mx + cute.math.log2(den, fastmath=False), -math.inf)
 
 
+@cute.jit
+def _merge_token(g_lse: cute.Tensor, o_part: cute.Pointer, s_lat: cute.Tensor, row, total_rows,
+                 n_splits, s_off, groups: cutlass.Constexpr):
+    """LSE merge of one (token, head) row's split partials by the calling warp: this lane's
+    ``groups`` x 4 latent dims ``s_off % 512 + 128 g .. + 3`` (one 16-byte load per split and
+    group), written to ``s_lat[s_off + 128 g ..]``. Every lane reads the split LSEs itself."""
+    lane = cute.arch.lane_idx()
+    d0 = s_off % D_LAT
+    mx = cutlass.Float32(-math.inf)
+    for sp in cutlass.range(lane, n_splits, 32):
+        mx = cutlass.max(mx, g_lse[sp * total_rows + row])
+    mx = cute.arch.warp_reduction(mx, lambda a, b: cutlass.max(a, b))
+    mx_safe = cutlass.select_(mx > NEG, mx, 0.0)
+    den = cutlass.Float32(0.0)
+    for sp in cutlass.range(lane, n_splits, 32):
+        den = den + _exp2(g_lse[sp * total_rows + row] - mx_safe)
+    den = cute.arch.warp_reduction(den, lambda a, b: a + b)
+    inv = cutlass.select_(den > 0.0, 1.0 / den, 0.0)
+    v = cute.make_rmem_tensor(cute.make_layout((groups, 4)), cutlass.Float32)
+    v.fill(0.0)
+    for sp in cutlass.range(n_splits, unroll=8 if groups == 1 else 4):
+        wgt = _exp2(g_lse[sp * total_rows + row] - mx_safe) * inv
+        base = (cutlass.Int64(sp) * total_rows + row) * D_LAT + d0
+        for g in cutlass.range_constexpr(groups):
+            o4 = cute.make_tensor(o_part + cute.assume(base + 128 * g, divby=4),
+                                  cute.make_layout(4)).load()
+            for c in cutlass.range_constexpr(4):
+                v[g, c] = v[g, c] + wgt * o4[c]
+    for g in cutlass.range_constexpr(groups):
+        _store4(s_lat, s_off + 128 * g, v, g)
+
+
 # ---------------------------------------------------------------------------------------
 # 3. combine + W_UV + gate
 # ---------------------------------------------------------------------------------------
@@ -315,10 +347,10 @@ def combine_kernel(
 ):
     """One CTA per (head, token group, 32 output columns): merge splits, W_UV, scale, gate.
 
-    Split merge: the four warps merge every token of the group together, warp ``w`` the latent
-    dims ``128 w .. 128 w + 127``, lane ``l`` four adjacent ones (one 16-byte partial load per
-    split; was one warp per token with 16 four-byte loads per split, which left three warps idle
-    at one token); each warp computes the token's LSE weights itself. ``W_UV``: lane ``l`` of warp ``w`` owns four
+    Split merge (``_merge_token``, 16-byte partial loads): with fewer tokens in the group than
+    warps, the four warps merge each token together (warp ``w`` latent dims ``128 w ..``; one
+    warp per token left three idle at one token, H200 run 27); otherwise warp ``w`` merges tokens
+    ``w, w + 4, ...`` on its own (lane: dims ``4 l + 128 c``). ``W_UV``: lane ``l`` of warp ``w`` owns four
     adjacent columns (``l % 8``) and the 32 latent rows ``i * 16 + 4w + l // 8`` (one 8-byte
     load per row, all in flight; interleaved rows keep the shared-memory reads conflict-free);
     the 16 row groups meet in shared memory. Padding tokens of the last group are skipped.
@@ -346,30 +378,18 @@ def combine_kernel(
         cutlass.Float32, cute.make_layout(COMBINE_ROW_GROUPS * tokens_per_cta * 32), 16)
     g_lse = _ptr_tensor(lse_part, n_splits * total_rows)
     t0 = tg * tokens_per_cta
-    d0 = warp * (D_LAT // COMBINE_WARPS) + lane * 4  # this lane's 4 latent dims
-    v = cute.make_rmem_tensor(cute.make_layout((1, 4)), cutlass.Float32)
-    for j in cutlass.range_constexpr(tokens_per_cta):
-        if t0 + j < n_tokens:
-            row = (t0 + j) * n_heads + h
-            mx = cutlass.Float32(-math.inf)
-            for sp in cutlass.range(lane, n_splits, 32):
-                mx = cutlass.max(mx, g_lse[sp * total_rows + row])
-            mx = cute.arch.warp_reduction(mx, lambda a, b: cutlass.max(a, b))
-            mx_safe = cutlass.select_(mx > NEG, mx, 0.0)
-            den = cutlass.Float32(0.0)
-            for sp in cutlass.range(lane, n_splits, 32):
-                den = den + _exp2(g_lse[sp * total_rows + row] - mx_safe)
-            den = cute.arch.warp_reduction(den, lambda a, b: a + b)
-            inv = cutlass.select_(den > 0.0, 1.0 / den, 0.0)
-            v.fill(0.0)
-            for sp in cutlass.range(n_splits, unroll=8):
-                wgt = _exp2(g_lse[sp * total_rows + row] - mx_safe) * inv
-                base = (cutlass.Int64(sp) * total_rows + row) * D_LAT + d0
-                o4 = cute.make_tensor(o_part + cute.assume(base, divby=4),
-                                      cute.make_layout(4)).load()
-                for c in cutlass.range_constexpr(4):
-                    v[0, c] = v[0, c] + wgt * o4[c]
-            _store4(s_lat, j * D_LAT + d0, v, 0)
+    n_here = cutlass.min(n_tokens - t0, tokens_per_cta)
+    if n_here < COMBINE_WARPS:  # few tokens: all four warps on each, warp w dims 128 w ..
+        for j in cutlass.range_constexpr(min(COMBINE_WARPS - 1, tokens_per_cta)):
+            if j < n_here:
+                _merge_token(g_lse, o_part, s_lat, (t0 + j) * n_heads + h, total_rows, n_splits,
+                             j * D_LAT + warp * (D_LAT // COMBINE_WARPS) + lane * 4, 1)
+    else:  # one warp per token, lane dims 4 lane + 128 c
+        for jj in cutlass.range_constexpr(tokens_per_cta // COMBINE_WARPS):
+            j = jj * COMBINE_WARPS + warp
+            if t0 + j < n_tokens:
+                _merge_token(g_lse, o_part, s_lat, (t0 + j) * n_heads + h, total_rows,
+                             n_splits, j * D_LAT + lane * 4, D_LAT // 128)
     cute.arch.sync_threads()
 
     acc = cute.make_rmem_tensor(cute.make_layout((tokens_per_cta, 4)), cutlass.Float32)
