@@ -35,8 +35,8 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # "1": the SIMT GEMVs (1-2 rows, and 3-4 rows of few long weight rows) are programmatic
     # dependent launches: their first weight loads go out while the previous kernel runs (each
     # kernel that can precede a GEMV signals `griddepcontrol.launch_dependents` at its start).
-    # Off by default: measured faster at batch 1 (NOTES.md session 5), but the signed H200
-    # bundle ran without it.
+    # Off by default: interleaved A/B on the H200 (NOTES.md session 6, run 28) gave the whole
+    # step +1.1% at batch 1 and -0.8 / -0.9% at batches 4 / 8.
     "K3_DECODE_PDL": lambda: os.environ.get("K3_DECODE_PDL", "0") == "1",
 }
 

@@ -11,7 +11,8 @@ experts' SiTU-GLU; with ``K3_DECODE_PREP=torch`` a torch prep does that instead)
 one GEMV). With ``side_stream=True`` a separate router runs on a second stream beside the front
 projection (joined before the experts). With ``pdl`` (``K3_DECODE_PDL=1``) the SIMT GEMVs are
 programmatic dependent launches: their first weight loads go out while the previous kernel
-runs (the MLA op's absorb and combine too). The MLA layer (13 launches): one fused
+runs (the MLA op's absorb / combine stay ordinary launches: as PDL launches they cost the MLA
+layer 3.7% at b1, H200 run 28). The MLA layer (13 launches): one fused
 ``q_a|kv_a|k_pe|gate`` projection, one launch for the q_a RMSNorm and the kv RMSNorm + cache
 insert, one q_b projection, the three-kernel MLA decode (reading the gate and q_nope / q_pe as
 row-strided views of those outputs), o_proj.
@@ -150,7 +151,7 @@ class KernelOps:
         o = self._mla(q_nope, q_pe, gate, cache.kv_cache, inp.block_table, inp.seq_lens,
                       w.w_uk_t, w.w_uv, q_per_request=inp.q, kv_scale=cache.kv_scale,
                       softmax_scale=m.softmax_scale, max_context=self.max_context,
-                      check_lengths=False, pdl=self._pdl)
+                      check_lengths=False)
         return self._gemv(o, w.o_proj, out)
 
     def moe(self, w: MoeWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,6 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_ptr
 
-from backend.k3_decode import envs
 from backend.k3_decode.ops.mla.checks import (
     D_LAT,
     D_QK,
@@ -72,7 +71,7 @@ def mla_decode(
     n_splits: int | None = None,
     tiling: Tiling = DEFAULT_TILING,
     check_lengths: bool = True,
-    pdl: bool | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """K3 MLA decode from the split query to the gated ``o_proj`` input ``[T, H*128]`` (bf16).
 
@@ -82,9 +81,10 @@ def mla_decode(
     own tokens (already in the cache); ``w_uk_t [H,128,512]``, ``w_uv [H,512,128]`` bf16.
     ``T = R * q_per_request``; token ``r*q + i`` sees positions ``0 .. seq_lens[r] - q + i``.
     ``max_context`` (default: the block table's capacity) sizes the split-KV grid; it is a host
-    value, so the launch is CUDA-graph safe. ``pdl`` (default ``K3_DECODE_PDL``): absorb and
-    combine are programmatic dependent launches that load their weights while the previous
-    kernel finishes. Raises ``MlaInputError`` before any launch.
+    value, so the launch is CUDA-graph safe. ``pdl``: absorb and combine are programmatic
+    dependent launches that load their weights while the previous kernel finishes (measured
+    slower on the H200, run 28: off by default and not used by the executor; not tied to
+    ``K3_DECODE_PDL``). Raises ``MlaInputError`` before any launch.
     """
     shape = check_inputs(q_nope, q_pe, gate, kv_cache, block_table, seq_lens, w_uk_t, w_uv,
                          q_per_request, max_context)
@@ -104,8 +104,6 @@ def mla_decode(
     o_part = torch.empty(splits * rows_total * D_LAT, dtype=torch.float32, device=dev)
     lse_part = torch.empty(splits * rows_total, dtype=torch.float32, device=dev)
     scale_t = _scale_tensor(kv_scale, dev)
-    if pdl is None:
-        pdl = envs.K3_DECODE_PDL
     fn = compiled_mla_decode(shape.cache_dtype, tiling, bool(pdl))
     stream = cuda.CUstream(torch.cuda.current_stream(dev).cuda_stream)
     fn(_ptr(q_nope), _ptr(q_pe), _ptr(w_uk_t), _ptr(scale_t), _ptr(kv_cache), _ptr(block_table),
