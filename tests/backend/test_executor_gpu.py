@@ -244,6 +244,27 @@ def test_mla_moe_layer_kernel_count() -> None:
     assert sum("mla_prep" in n for n in names) == 1, names
 
 
+@pytest.mark.parametrize("profile", ["k3-hopper", "k3-hopper-perf"])
+def test_profile_kernel_patterns_match_one_step(profile: str) -> None:
+    """Every kernel pattern the profile's proof tier looks for in the perf traces names a kernel
+    a batch-1 and a batch-4 step really launch (run 29: the proof tier failed on a pattern for
+    the cache-insert kernel that the fused q-norm + insert launch had replaced)."""
+    import re
+
+    from k3fasttrack.profiles import load_profile
+
+    patterns = load_profile(profile).proof.kernel_patterns
+    names = []
+    for reqs in (1, 4):
+        _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
+        names += M.kernels_in(lambda spec=spec, inp=inp: spec.step(inp))
+    missing = [p for p in patterns if not any(re.search(p, n) for n in names)]
+    record_case(op="executor_kernels", case=f"{profile} proof patterns, missing={missing}",
+                dtype="-", max_abs_err=0.0, max_rel_err=0.0, atol=0.0, rtol=0.0,
+                passed=not missing)
+    assert patterns and not missing, missing
+
+
 def test_router_front_launch_gives_the_same_step(monkeypatch) -> None:
     """At 2 tokens the router + front projection launch (default) replays to the same logits,
     bit for bit, as separate router and front GEMV launches (``K3_DECODE_ROUTER_FRONT=0``): the
