@@ -2,6 +2,7 @@
 summary figures agree with its raw samples (k3ft verify recomputes them)."""
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -175,9 +176,31 @@ def _worktree(commit: str, moved_archives: tuple[str, ...]) -> Iterator[Path]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-S5_COMMIT, S5_DEVICE_COMMIT = "cd6d66e", "7a43e97"
 KIT_DIRS = (".devrun", ".gpu-wheels", ".whl-f1")  # carried to the device, ignored here
-S5_DIR = BUNDLES / "h200-executor-s5-2026-11-29"
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceRun:
+    """A validate run whose device .git was the session-start commit (so the bundle names that
+    commit, dirty) while the tree held a later commit; older archives moved out for the carry."""
+
+    name: str
+    commit: str  # the code that ran
+    device_commit: str  # what the bundle names
+    moved: tuple[str, ...]  # older archives moved out of the tree to fit the 64 MiB carry
+
+    @property
+    def dir(self) -> Path:
+        return BUNDLES / self.name
+
+    def env(self) -> dict:
+        return _archive_json(self.dir / "bundle.tar.gz", "environment.json")
+
+
+S5 = DeviceRun("h200-executor-s5-2026-11-29", "cd6d66e", "7a43e97",
+               ("perf", "kernels", "s3", "s4", "s4b"))
+S6 = DeviceRun("h200-executor-s6-2026-11-30", "9914706", "4dd13a5",
+               ("perf", "kernels", "s3", "s4", "s4b", "s5"))
 
 
 def test_h200_session4b_bundle_ran_commit_a88ab5f() -> None:
@@ -207,14 +230,8 @@ def test_h200_session4b_bundle_ran_commit_a88ab5f() -> None:
 def test_h200_session5_bundle_ran_commit_cd6d66e() -> None:
     """Session 5, run 21 (MLA absorb / combine rewrite, strided MLA inputs and fused MLA GEMVs,
     short-context split plan, L2 prefetch removed): kernels PASS (451 cases, incl. the strided
-    MLA views and the kernel count 9 / 10), perf and proof PASS, isolation NOT_RUN. The device's
-    .git was the session-start commit 7a43e97, so the bundle names it (dirty): its changed code
-    paths are exactly the diff 7a43e97..cd6d66e, plus the five older bundle archives (moved out
-    to fit the 64 MiB carry) and the device kit files (untracked there)."""
-    archive = S5_DIR / "bundle.tar.gz"
-    env = _archive_json(archive, "environment.json")
-    assert env["gpus"][0]["name"] == "NVIDIA H200"
-    assert env["git"]["commit"].startswith(S5_DEVICE_COMMIT) and env["git"]["dirty"]
+    MLA views and the kernel count 9 / 10), perf and proof PASS, isolation NOT_RUN."""
+    archive = S5.dir / "bundle.tar.gz"
     kernels = _archive_json(archive, "reports/kernels.json")
     assert kernels["status"] == "PASS" and kernels["failed"] == 0 and kernels["passed"] == 451
     cases = kernels["cases"]
@@ -224,25 +241,57 @@ def test_h200_session5_bundle_ran_commit_cd6d66e() -> None:
     for tier in ("perf", "proof"):
         assert _archive_json(archive, f"reports/{tier}.json")["status"] == "PASS"
     assert _archive_json(archive, "verdict.json")["outcome"] == "INCOMPLETE"
+
+
+def test_h200_session6_bundle_ran_commit_9914706() -> None:
+    """Session 6, run 30 (MLA absorb / attend / combine latency work, fused q-norm + cache
+    insert, AttnRes weight loads first, the proof pattern for the fused kernel): kernels PASS
+    (477 cases: the PDL MLA graph test, the fused prep against the two ops, the MLA + MoE layer
+    at 13 / 14 kernels, every proof pattern matched by a real step), perf and proof PASS,
+    isolation NOT_RUN. (Run 29, the same code before the profile fix, failed its proof tier:
+    the profile still looked for the replaced cache-insert kernel; not kept.)"""
+    archive = S6.dir / "bundle.tar.gz"
+    kernels = _archive_json(archive, "reports/kernels.json")
+    assert kernels["status"] == "PASS" and kernels["failed"] == 0 and kernels["passed"] == 477
+    cases = kernels["cases"]
+    assert any(c["op"] == "executor_kernels" and "mla_moe_layer spec=13 spec_b4=14" in c["case"]
+               and c["passed"] for c in cases)
+    assert sum(c["op"] == "executor_kernels" and "missing=[]" in c["case"] and c["passed"]
+               for c in cases) == 2
+    assert sum(c["op"] == "mla_decode" and "/pdl_graph/" in c["case"] for c in cases) == 12
+    for tier in ("perf", "proof"):
+        assert _archive_json(archive, f"reports/{tier}.json")["status"] == "PASS"
+    assert _archive_json(archive, "verdict.json")["outcome"] == "INCOMPLETE"
+
+
+@pytest.mark.parametrize("run", [S5, S6], ids=lambda r: r.name)
+def test_device_run_changed_paths_are_the_commit_diff(run: DeviceRun) -> None:
+    """The bundle names the device's session-start commit (dirty) on an H200: its changed code
+    paths are exactly the diff from that commit to the one that ran, plus the older bundle
+    archives moved out to fit the carry and the device kit files (untracked there)."""
+    env = run.env()
+    assert env["gpus"][0]["name"] == "NVIDIA H200"
+    assert env["git"]["commit"].startswith(run.device_commit) and env["git"]["dirty"]
     changed = env["git"]["changed"]
     archives = {p for p in changed if p.startswith("bundles/")}
-    assert archives == {f"bundles/h200-executor-{n}-2026-11-29/bundle.tar.gz"
-                        for n in ("perf", "kernels", "s3", "s4", "s4b")}
+    assert archives == {f"bundles/h200-executor-{n}-2026-11-29/bundle.tar.gz" for n in run.moved}
     code = {p for p in changed if p not in archives and not p.startswith(KIT_DIRS)}
-    if not _has_commits(S5_COMMIT, S5_DEVICE_COMMIT):
-        pytest.skip("this clone lacks commits 7a43e97 / cd6d66e (shallow history)")
-    diff = _git("diff", "--name-only", S5_DEVICE_COMMIT, S5_COMMIT).stdout.split()
+    if not _has_commits(run.commit, run.device_commit):
+        pytest.skip(f"this clone lacks commits {run.device_commit} / {run.commit} (shallow)")
+    diff = _git("diff", "--name-only", run.device_commit, run.commit).stdout.split()
     assert code == set(diff)
 
 
-def test_h200_session5_bundle_tree_digest_is_commit_cd6d66e() -> None:
-    """The s5 tree digest recomputed from a worktree of cd6d66e: the paths tracked at 7a43e97
-    (the device's index) plus the device kit files (untracked there), the five older archives
-    removed. The kit files (``.gpu-wheels``, ``.whl-f1``: wheels not kept in git; ``.devrun``
-    scripts) enter by the sha256 recorded next to the bundle (`device-kit-sha256.json`); where
-    a workspace still has them, their bytes must hash to those records."""
-    env = _archive_json(S5_DIR / "bundle.tar.gz", "environment.json")
-    recorded = json.loads((S5_DIR / "device-kit-sha256.json").read_text())["sha256"]
+@pytest.mark.parametrize("run", [S5, S6], ids=lambda r: r.name)
+def test_device_run_tree_digest_is_the_commit_that_ran(run: DeviceRun) -> None:
+    """The tree digest recomputed from a worktree of the commit that ran: the paths tracked at
+    the device commit (the device's index), the files added since (untracked there) and the
+    device kit files, the moved archives removed. The kit files (``.gpu-wheels``, ``.whl-f1``:
+    wheels not kept in git; ``.devrun`` scripts) enter by the sha256 recorded next to the bundle
+    (`device-kit-sha256.json`); where a workspace still has them, their bytes must hash to those
+    records."""
+    env = run.env()
+    recorded = json.loads((run.dir / "device-kit-sha256.json").read_text())["sha256"]
     kit = [p for p in env["git"]["changed"] if p.startswith(KIT_DIRS)]
     assert sorted(kit) == sorted(recorded)
     root = BUNDLES.parent
@@ -250,9 +299,11 @@ def test_h200_session5_bundle_tree_digest_is_commit_cd6d66e() -> None:
         if (root / rel).is_file():  # this workspace (the CI clone has no kit files)
             with open(root / rel, "rb") as fh:
                 assert hashlib.file_digest(fh, "sha256").hexdigest() == digest, rel
-    if not _has_commits(S5_COMMIT, S5_DEVICE_COMMIT):
-        pytest.skip("this clone lacks commits 7a43e97 / cd6d66e (shallow history)")
+    if not _has_commits(run.commit, run.device_commit):
+        pytest.skip(f"this clone lacks commits {run.device_commit} / {run.commit} (shallow)")
+    added = _git("diff", "--name-only", "--diff-filter=A", run.device_commit,
+                 run.commit).stdout.split()
     known = {rel: bytes.fromhex(d) for rel, d in recorded.items()}
-    with _worktree(S5_COMMIT, ("perf", "kernels", "s3", "s4", "s4b")) as t:
-        digest = tree_digest(t, _tracked(S5_DEVICE_COMMIT) + kit, known)
+    with _worktree(run.commit, run.moved) as t:
+        digest = tree_digest(t, _tracked(run.device_commit) + added + kit, known)
     assert digest == env["git"]["tree_digest"]

@@ -10,6 +10,12 @@ import typer
 
 from k3fasttrack.errors import EXIT_INFRA, EXIT_USAGE, K3ftError
 
+try:  # typer >= 0.2x parses with its own copy of click, whose errors are not click's
+    from typer._click.exceptions import ClickException as _TyperClickException
+except ImportError:
+    _TyperClickException = click.ClickException
+CLICK_ERRORS = (click.ClickException, _TyperClickException)
+
 HELP = """Fast-track validation evidence for model-specific vLLM decode optimizations.
 
 \b
@@ -52,10 +58,10 @@ def main() -> None:
     except K3ftError as exc:
         print(f"k3ft: error: {exc.one_line()}", file=sys.stderr)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         print("k3ft: interrupted", file=sys.stderr)
         sys.exit(130)
-    except click.ClickException as exc:
+    except CLICK_ERRORS as exc:
         exc.show()
         sys.exit(EXIT_USAGE)
     except OSError as exc:
