@@ -35,6 +35,18 @@ def test_compiles_without_spills(arch, cache, variant):
         assert 0 < rep.registers <= 255
 
 
+@pytest.mark.parametrize("variant", ["simt", "mma"])
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_pdl_build_compiles_without_spills(arch, variant):
+    """The opt-in PDL build (absorb / combine hold their weights in registers across the wait)."""
+    _, reports = compile_report("fp8", arch, Tiling(variant=variant), pdl=True)
+    assert {r.kernel.split("_kernel")[0].replace("kernel_cutlass_", "") for r in reports} == {
+        "absorb", ATTEND[variant].removesuffix("_kernel"), "combine"}
+    for rep in reports:
+        assert rep.spill_stores == rep.spill_loads == rep.stack_frame == 0, rep
+        assert 0 < rep.registers <= 255
+
+
 def test_parse_ptxas_reads_wrapped_reports():
     text = """ptxas info    : Compiling entry function
           'kernel_a'

@@ -227,8 +227,10 @@ def test_mla_decode_cuda_graph_replays_new_inputs(variant):
                                         (2, [700, 3000, 64, 2])])
 def test_mla_decode_pdl_replays_match_the_plain_launch(q, seq_lens):
     """``pdl=True`` (absorb and combine as programmatic dependent launches, weights loaded
-    before ``griddepcontrol.wait``) inside a CUDA graph right after the SIMT GEMV that writes
-    q (it signals ``launch_dependents`` at its start, so absorb really starts early): four
+    before ``griddepcontrol.wait``) inside a CUDA graph right after the GEMV that writes q
+    (SIMT at 1 token, tensor-core at 8; both signal ``launch_dependents`` at their start, so
+    absorb may start early; whether it overlapped is not observable here, only that the
+    results stay exact, which a q read before the wait would break when it races): four
     replays with fresh GEMV inputs each, every one bit-identical to the plain launch of the same
     q and within tolerance of the float64 reference (an absorb reading q before its wait would
     see the previous replay's q)."""

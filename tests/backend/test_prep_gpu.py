@@ -264,8 +264,9 @@ def test_prep_ops_in_a_cuda_graph_replay_on_fresh_inputs() -> None:
 def test_mla_prep_equals_the_two_ops(r: int, q: int, bs: int, dtype: torch.dtype,
                                      kv_scale: float, pad: tuple[int, ...], graph: bool) -> None:
     """The one-launch q_a RMSNorm + cache insert writes exactly the bytes `rms_glu_prep` and
-    `mla_kv_insert` write (same inputs, poisoned outputs), eagerly and as a replayed graph on
-    fresh inputs; the cache rows are also checked against float64 (`check_kv`)."""
+    `mla_kv_insert` write (same inputs, poisoned outputs; the poisoned columns beside `q_out`
+    and every cache byte outside the written slots stay as they were), eagerly and as a
+    replayed graph on fresh inputs; the cache rows are also checked against float64."""
     from backend.k3_decode.ops.prep import mla_kv_insert, mla_prep, rms_glu_prep
 
     t = r * q
@@ -299,6 +300,8 @@ def test_mla_prep_equals_the_two_ops(r: int, q: int, bs: int, dtype: torch.dtype
         run()
     torch.cuda.synchronize()
     fused_cache, fused_q = kv["kv_cache"].cpu().clone(), glu["out"].cpu().clone()
+    pad = glu["buf"].cpu()[:, [*range(24), *range(24 + 1536, 48 + 1536)]]
+    assert torch.isnan(pad.float()).all(), "the fused q norm wrote outside q_out's columns"
     check_kv(f"mla_prep/t{t}/q{q}/bs{bs}/graph{int(graph)}", kv, before, q)
     kv["kv_cache"].copy_(before.cuda())
     poison_(glu["buf"])

@@ -216,12 +216,19 @@ def _mla_prep_kwargs(t: int = 4, q: int = 2) -> dict:
     ({"q_c": torch.zeros(2, 1536, dtype=BF), "q_out": torch.zeros(2, 1536, dtype=BF)},
      "q_c has 2 rows, kv_c has 4"),
     ({"kv_scale": torch.ones(2)}, "kv_scale must be a float32 tensor of one element"),
+    ({"q_out": "q_c"}, "q_out overlaps q_c"),
+    ({"q_out": "kv_c"}, "q_out overlaps kv_c"),
     ({}, "needs CUDA tensors"),
 ])
 def test_mla_prep_checks_both_parts_before_compiling(change: dict, match: str) -> None:
     """Each part is checked as its own op checks it, plus equal token counts; nothing compiles."""
     kw = _mla_prep_kwargs()
     kw.update(change)
+    if isinstance(kw["q_out"], str) and kw["q_out"] == "q_c":  # the norm written in place
+        kw["q_out"] = kw["q_c"]
+    elif isinstance(kw["q_out"], str):  # a q_out view whose bytes include kv_c's (same row buffer)
+        proj = kw["kv_c"]._base if kw["kv_c"]._base is not None else kw["kv_c"]
+        kw["q_out"] = proj[:, 536:2072]
     compiled = compile_mla_prep.cache_info().currsize
     with pytest.raises(PrepInputError, match=match):
         mla_prep(**kw)

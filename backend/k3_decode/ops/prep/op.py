@@ -293,6 +293,19 @@ def compile_mla_prep(key: MlaPrepKey, extra_options: str = ""):
                         key.eps, options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the byte spans of two tensors (first to last element) intersect."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+
+    def span(x: torch.Tensor) -> tuple[int, int]:
+        last = sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True))
+        return x.data_ptr(), x.data_ptr() + (last + 1) * x.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
 def mla_prep(q_c: torch.Tensor, q_norm_w: torch.Tensor, q_out: torch.Tensor,
              kv_c: torch.Tensor, k_pe: torch.Tensor, kv_norm_w: torch.Tensor,
              kv_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
@@ -301,13 +314,18 @@ def mla_prep(q_c: torch.Tensor, q_norm_w: torch.Tensor, q_out: torch.Tensor,
     """`rms_glu_prep(q_c, q_norm_w, None, q_out, eps=q_eps)` and `mla_kv_insert(kv_c, k_pe,
     kv_norm_w, kv_cache, block_table, positions, kv_scale)` in one launch (the same kernels'
     math, bit for bit); returns `q_out`. Each part's inputs are checked as those ops check them,
-    and both must have the same token count. Raises `PrepInputError` before any compile.
+    both must have the same token count, and `q_out` must not overlap `q_c`, `kv_c`, `k_pe` or
+    the cache (the two jobs run concurrently). Raises `PrepInputError` before any compile.
     """
     need(q_norm_w is not None, PrepInputError, "mla_prep", "q_norm_w is required")
     t_q, la, _ = check_rms_glu(q_c, q_norm_w, None, q_out, q_eps, device=False)
     t, bs = check_kv_insert(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions, kv_scale,
                             q_per_request, eps, device=False)
     need(t_q == t, PrepInputError, "mla_prep", f"q_c has {t_q} rows, kv_c has {t}")
+    # the two jobs' CTAs run concurrently: q_out must not share bytes with what the other reads
+    for name, x in (("q_c", q_c), ("kv_c", kv_c), ("k_pe", k_pe), ("kv_cache", kv_cache)):
+        need(not _overlap(q_out, x), PrepInputError, "mla_prep",
+             f"q_out overlaps {name} (the q norm and the cache insert run concurrently)")
     check_device(PrepInputError, "mla_prep", q_c, q_norm_w, q_out, kv_c, k_pe, kv_norm_w,
                  kv_cache, block_table, positions, kv_scale)
     fp8 = kv_cache.dtype == F8
