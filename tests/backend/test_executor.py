@@ -240,6 +240,13 @@ def test_torch_prep_fallback_matches_the_torch_ops(cache_dtype: torch.dtype) -> 
     assert torch.equal(cache.view(torch.uint8), want.view(torch.uint8))
     assert float(cache[0].float().abs().sum()) > 0 and float(cache[2:].float().abs().sum()) > 0
     assert float(cache[0, 4:].float().abs().sum()) == 0  # only position 3 of block 0 written
+    # the fused stand-in (the executor's MLA prep under K3_DECODE_PREP=torch) = the two above
+    from backend.k3_decode.executor.kernel_ops import torch_mla_prep
+
+    fused, q_out = torch.zeros_like(cache), torch.empty(4, 256)
+    torch_mla_prep(a, wt, q_out, kv_c, k_pe, nw, fused, table, pos, scale, q_per_request=2)
+    assert torch.equal(fused.view(torch.uint8), want.view(torch.uint8))
+    assert torch.equal(q_out, rms(a, wt, 1e-6, torch.float32))
 
 
 def test_flipped_requests_excuses_near_ties_only() -> None:

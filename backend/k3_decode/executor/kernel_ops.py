@@ -57,6 +57,19 @@ def torch_mla_kv_insert(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_norm_w: torch
     write_latent_rows(row, kv_cache, block_table, positions, kv_scale, q_per_request)
 
 
+def torch_mla_prep(q_c: torch.Tensor, q_norm_w: torch.Tensor, q_out: torch.Tensor,
+                   kv_c: torch.Tensor, k_pe: torch.Tensor, kv_norm_w: torch.Tensor,
+                   kv_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
+                   kv_scale: torch.Tensor, *, q_per_request: int = 1, eps: float = 1e-6,
+                   q_eps: float = 1e-6) -> torch.Tensor:
+    """Torch stand-in of ``ops.prep.mla_prep`` (``K3_DECODE_PREP=torch``): the q_a norm, then
+    the cache insert."""
+    torch_rms_glu_prep(q_c, q_norm_w, None, q_out, eps=q_eps)
+    torch_mla_kv_insert(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions, kv_scale,
+                        q_per_request=q_per_request, eps=eps)
+    return q_out
+
+
 class KernelOps:
     """CuTe DSL implementation of every executor op (see the module docstring)."""
 
@@ -69,19 +82,18 @@ class KernelOps:
         from backend.k3_decode.ops.kda import kda_decode
         from backend.k3_decode.ops.mla import mla_decode
         from backend.k3_decode.ops.moe import moe_experts
-        from backend.k3_decode.ops.prep import mla_kv_insert, mla_prep, rms_glu_prep
+        from backend.k3_decode.ops.prep import mla_prep, rms_glu_prep
         from backend.k3_decode.ops.router import route
 
         self.cfg = cfg
         self._torch_prep = envs.K3_DECODE_PREP == "torch"
-        self._mla_prep = None if self._torch_prep else mla_prep
         if self._torch_prep:  # fallback, see NOTES.md
-            rms_glu_prep, mla_kv_insert = torch_rms_glu_prep, torch_mla_kv_insert
+            rms_glu_prep, mla_prep = torch_rms_glu_prep, torch_mla_prep
         self._pdl = bool(envs.K3_DECODE_PDL if pdl is None else pdl)
         self._gemv = functools.partial(gemv, pdl=self._pdl)
         self._kda, self._mla, self._moe = kda_decode, mla_decode, moe_experts
-        self._route, self._attn_res, self._prep, self._insert = (route, attn_res_norm,
-                                                                 rms_glu_prep, mla_kv_insert)
+        self._route, self._attn_res, self._prep, self._mla_prep = (route, attn_res_norm,
+                                                                   rms_glu_prep, mla_prep)
         self.max_context = max_context
         self._side = torch.cuda.Stream() if side_stream else None
         self._router_front = envs.K3_DECODE_ROUTER_FRONT
@@ -138,14 +150,10 @@ class KernelOps:
         q_c, kv_c, k_pe, gate = proj.split([m.q_lora_rank, m.kv_lora_rank, rope,
                                             nh * m.v_head_dim], dim=-1)
         qn = torch.empty(t, m.q_lora_rank, dtype=h.dtype, device=h.device)
-        if self._mla_prep is not None:  # q_a RMSNorm + kv RMSNorm / cache insert: one launch
-            self._mla_prep(q_c, w.q_a_norm, qn, kv_c, k_pe, w.kv_a_norm, cache.kv_cache,
-                           inp.block_table, inp.positions, cache.kv_scale, q_per_request=inp.q,
-                           eps=m.norm_eps, q_eps=m.norm_eps)
-        else:
-            self._prep(q_c, w.q_a_norm, None, qn, eps=m.norm_eps)
-            self._insert(kv_c, k_pe, w.kv_a_norm, cache.kv_cache, inp.block_table,
-                         inp.positions, cache.kv_scale, q_per_request=inp.q, eps=m.norm_eps)
+        # q_a RMSNorm + kv RMSNorm / cache insert: one launch
+        self._mla_prep(q_c, w.q_a_norm, qn, kv_c, k_pe, w.kv_a_norm, cache.kv_cache,
+                       inp.block_table, inp.positions, cache.kv_scale, q_per_request=inp.q,
+                       eps=m.norm_eps, q_eps=m.norm_eps)
         qb = self._gemv(qn, w.q_b).view(t, nh, nope + rope)  # per head [nope | rope], one GEMV
         q_nope, q_pe = qb[..., :nope], qb[..., nope:]
         o = self._mla(q_nope, q_pe, gate, cache.kv_cache, inp.block_table, inp.seq_lens,

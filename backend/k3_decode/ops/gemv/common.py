@@ -77,6 +77,13 @@ def check_device(err: type[Exception], op: str, *tensors: torch.Tensor) -> torch
     return dev
 
 
+def extent(t: torch.Tensor) -> int:
+    """Elements from a view's first to its last element, inclusive (0 when it is empty)."""
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+
+
 def ptr(t: torch.Tensor, align: int = 16):
     """A CuTe gmem pointer to `t`'s data with the alignment the checks guaranteed."""
     import cutlass

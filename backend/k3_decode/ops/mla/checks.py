@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from backend.k3_decode.ops.gemv.common import extent
+
 D_NOPE, D_ROPE, D_LAT, D_V = 128, 64, 512, 128
 D_QK = D_LAT + D_ROPE
 SUPPORTED_HEADS = (6, 12)  # K3's 96 MLA heads at TP16 and TP8
@@ -75,8 +77,8 @@ def _check_rows(name: str, t: torch.Tensor, align: int) -> None:
             f"({align}-byte aligned rows)")
     _expect(t.data_ptr() % align == 0,
             f"{name}: data pointer is not {align}-byte aligned (misaligned view or offset)")
-    span = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True) if n > 0)
-    _expect(span < 2**31, f"{name}: the view spans {span + 1} elements; the kernels index "
+    span = extent(t)
+    _expect(span <= 2**31, f"{name}: the view spans {span} elements; the kernels index "
             f"it with 32-bit offsets (at most 2**31)")
 
 

@@ -23,6 +23,7 @@ import torch
 from backend.k3_decode.ops.gemv.common import (
     check_device,
     check_tensor,
+    extent,
     fake_ptr,
     need,
     ptr,
@@ -297,13 +298,8 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the byte spans of two tensors (first to last element) intersect."""
     if a.device != b.device or a.numel() == 0 or b.numel() == 0:
         return False
-
-    def span(x: torch.Tensor) -> tuple[int, int]:
-        last = sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True))
-        return x.data_ptr(), x.data_ptr() + (last + 1) * x.element_size()
-
-    (a0, a1), (b0, b1) = span(a), span(b)
-    return a0 < b1 and b0 < a1
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + extent(b) * b.element_size() and b0 < a0 + extent(a) * a.element_size()
 
 
 def mla_prep(q_c: torch.Tensor, q_norm_w: torch.Tensor, q_out: torch.Tensor,
