@@ -136,6 +136,22 @@ def test_moe_w2_variants(experts: int, inter: int, batch: int, top_k: int, passe
     assert ok, msg
 
 
+@pytest.mark.parametrize("inter,batch,pairs,prefetch", [
+    (384, 1, 3, 0), (384, 1, 3, 3), (384, 2, 1, 1), (384, 8, 2, 2), (256, 1, 2, 3),
+    (256, 5, 1, 0), (384, 64, 3, 3)])
+def test_moe_w13_tilings_and_prefetch(inter: int, batch: int, pairs: int, prefetch: int) -> None:
+    """The w13 kernel's row pairs per warp (1..3, a rolled loop) and its L2 prefetch modes
+    (own lines first, the w2 rows after) give the float64 result; prefetch is a hint only."""
+    from backend.k3_decode.ops.moe import moe_experts
+
+    inp = make_inputs(batch, 896, inter, seed=300 + batch + pairs)
+    out = poison_(torch.empty(inp["z"].shape, dtype=torch.bfloat16, device="cuda"))
+    moe_experts(**inp, out=out, w13_pairs=pairs, prefetch=prefetch)
+    ok, msg = check_and_record(OP, f"e896/i{inter}/b{batch}/w13x{pairs}/pf{prefetch}", out,
+                               reference(inp), 2e-2, 2e-2, REL_FRO[torch.bfloat16])
+    assert ok, msg
+
+
 def tail_reference(inp: dict, gu: torch.Tensor | None, eps: float = 1e-6) -> torch.Tensor:
     """float64 `[rms_norm(experts(z)) | SiTU-GLU(gu)]` (the latent MoE tail's input)."""
     from backend.k3_decode.reference.moe import situ_glu

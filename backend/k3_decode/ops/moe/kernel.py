@@ -51,9 +51,15 @@ from backend.k3_decode.ops.gemv.device import (
 )
 
 W13_WARPS = 8
-W13_ROWS = 8  # intermediate rows (gate + up pairs) per CTA: one per warp
+W13_PAIRS = (3, 2, 1)  # row pairs per w13 warp, first that divides I / 8 (3: one wave at T = 1)
 W2_SLOT_WARPS = 16  # w2: one warp per expert slot (up to 16; more slots take turns)
 CHUNK = 32  # E2M1 values per 16-byte chunk = one E8M0 scale block
+
+
+def w13_pairs_for(inter: int) -> int:
+    """Row pairs per w13 warp: the first of W13_PAIRS that tiles I (3 at I = 384: 16 CTAs per
+    token-expert pair, 256 at one token, which fit the H200's SMs at two per SM)."""
+    return next(p for p in W13_PAIRS if inter % (W13_WARPS * p) == 0)
 
 
 def _sw(c):
@@ -131,51 +137,147 @@ def _stage_row_f32(src: cute.Pointer, xs: cute.Tensor, n: cutlass.Constexpr, bas
                     xs[o + e] = r[e]
 
 
+@cute.jit
+def _prefetch_span(p: cute.Pointer, nbytes: cutlass.Constexpr, first, step: cutlass.Constexpr):
+    """`prefetch.global.L2` of the 128-byte lines `first + step*k` covering bytes [p, p+nbytes)
+    (its first line counted from p's own line); holds no registers, writes nothing."""
+    lines = (nbytes + 127) // 128 + 1  # + 1: p need not sit on a line boundary
+    for k in cutlass.range_constexpr((lines + step - 1) // step):
+        li = first + step * k
+        if li < lines:
+            off = cutlass.min(li * 128, nbytes - 1)
+            cute.arch.prefetch((p + off).llvm_ptr, cache_level="L2")
+
+
+@cute.jit
+def _pair_chunk_dot(wg: cute.Tensor, wu: cute.Tensor, i: cutlass.Constexpr, xs: cute.Tensor,
+                    cbase, c):
+    """Chunk `c` of a gate row and of its up row (words[:, i]) times x: one read of x's 32
+    values serves both rows (scales not applied)."""
+    cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), F32, num_bits_per_copy=128)
+    pg = F32(0.0)
+    pu = F32(0.0)
+    for q in cutlass.range_constexpr(4):
+        xa = cute.make_rmem_tensor((4,), F32)
+        xb = cute.make_rmem_tensor((4,), F32)
+        cute.copy(cp, _svec(xs, cbase + ((8 * q) ^ _sw(c))), xa)
+        cute.copy(cp, _svec(xs, cbase + ((8 * q + 4) ^ _sw(c))), xb)
+        for ii in cutlass.range_constexpr(4):
+            hg = e2m1_pair(wg[q, i], ii)
+            hu = e2m1_pair(wu[q, i], ii)
+            pg += f16_lo(hg) * xa[ii] + f16_hi(hg) * xb[ii]
+            pu += f16_lo(hu) * xa[ii] + f16_hi(hu) * xb[ii]
+    return pg, pu
+
+
+@cute.jit
+def _load_pair(w13: cute.Pointer, s13: cute.Pointer, row_g, row_u, lane,
+               latent: cutlass.Constexpr, bufs: list):
+    """Issue the loads of the lane's chunks `lane + 32 i` of gate row `row_g` and up row
+    `row_u` (16 B each) and their E8M0 bytes; nothing here waits on a loaded value."""
+    n_ch = latent // CHUNK
+    wg, wu, sg, su = bufs
+    cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), U32, num_bits_per_copy=128)
+    st = flat(s13)
+    for i in cutlass.range_constexpr((n_ch + 31) // 32):
+        c = lane + 32 * i
+        if cutlass.const_expr(32 * (i + 1) <= n_ch):
+            cute.copy(cp, vec(w13 + row_g * (latent // 2) + c * 16, U32, 4, 16), wg[None, i])
+            cute.copy(cp, vec(w13 + row_u * (latent // 2) + c * 16, U32, 4, 16), wu[None, i])
+            sg[i] = st[row_g * n_ch + c]
+            su[i] = st[row_u * n_ch + c]
+        else:
+            if c < n_ch:
+                cute.copy(cp, vec(w13 + row_g * (latent // 2) + c * 16, U32, 4, 16),
+                          wg[None, i])
+                cute.copy(cp, vec(w13 + row_u * (latent // 2) + c * 16, U32, 4, 16),
+                          wu[None, i])
+                sg[i] = st[row_g * n_ch + c]
+                su[i] = st[row_u * n_ch + c]
+
+
+@cute.jit
+def _pair_dot(bufs: list, xs: cute.Tensor, lane, latent: cutlass.Constexpr):
+    """The lane's partial gate and up sums over its chunks, block scales applied."""
+    n_ch = latent // CHUNK
+    wg, wu, sg, su = bufs
+    g = F32(0.0)
+    u = F32(0.0)
+    for i in cutlass.range_constexpr((n_ch + 31) // 32):
+        c = lane + 32 * i
+        if cutlass.const_expr(32 * (i + 1) <= n_ch):
+            pg, pu = _pair_chunk_dot(wg, wu, i, xs, c * CHUNK, c)
+            g += pg * e8m0_scale_times_2p14(sg[i])
+            u += pu * e8m0_scale_times_2p14(su[i])
+        else:
+            if c < n_ch:
+                pg, pu = _pair_chunk_dot(wg, wu, i, xs, c * CHUNK, c)
+                g += pg * e8m0_scale_times_2p14(sg[i])
+                u += pu * e8m0_scale_times_2p14(su[i])
+    return g, u
+
+
+@cute.jit
+def _pair_out(bufs: list, xs: cute.Tensor, act: cute.Pointer, at, lane,
+              latent: cutlass.Constexpr, beta: cutlass.Constexpr,
+              linear_beta: cutlass.Constexpr):
+    """Warp-reduce the lanes' gate / up partials; lane 0 writes `act[at] = SiTU-GLU(g, u)`."""
+    g, u = _pair_dot(bufs, xs, lane, latent)
+    # lanes 0-15 collect gate sums, 16-31 up sums (one exchange), then 4 butterfly steps
+    hi = lane >= 16
+    v = cutlass.select_(hi, u, g) + cute.arch.shuffle_sync_bfly(cutlass.select_(hi, g, u), 16)
+    for off in cutlass.range_constexpr(4):
+        v += cute.arch.shuffle_sync_bfly(v, 8 >> off)
+    up = cute.arch.shuffle_sync(v, 16)
+    if lane == 0:
+        flat(act)[at] = situ(v, up, beta, linear_beta)
+
+
 @cute.kernel
 def moe_w13_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: cute.Pointer,
                    act: cute.Pointer, ld_z: I64, latent: cutlass.Constexpr,
                    inter: cutlass.Constexpr, top_k: cutlass.Constexpr,
                    n_exp: cutlass.Constexpr, beta: cutlass.Constexpr,
-                   linear_beta: cutlass.Constexpr):
-    """Gate/up GEMV of one token-expert pair over 16 intermediate rows, then SiTU-GLU."""
+                   linear_beta: cutlass.Constexpr, pairs: cutlass.Constexpr,
+                   prefetch: cutlass.Constexpr, w2: cute.Pointer, s2: cute.Pointer):
+    """Gate/up GEMV of one token-expert pair over `W13_WARPS * pairs` intermediate rows, then
+    SiTU-GLU; each warp takes `pairs` row pairs in turn (rows `j0 + 8 it`).
+    `prefetch` bit 1: first, every warp asks L2 for all its pairs' weight lines (no registers
+    held), so the loop's loads wait on L2 rather than DRAM; bit 2: at the end, the CTA asks L2
+    for its share of the expert's w2 rows (for the w2 kernel that follows)."""
     lane = cute.arch.lane_idx()
     warp = cute.arch.warp_idx()
     jb, p, _ = cute.arch.block_idx()
     tok = p // top_k
     e_id = cutlass.max(cutlass.min(flat(ids)[p], I32(n_exp - 1)), I32(0)).to(I64)
-    half = lane // 16
-    hl = lane - half * 16
-    per_lane = latent // CHUNK // 16
-    rows_per_warp = W13_ROWS // W13_WARPS
-    # Row pair 0's weight loads go out before z is staged (they do not depend on it); row
-    # pair 1's right after the barrier, overlapping pair 0's arithmetic.
-    words = [cute.make_rmem_tensor((4, per_lane), U32) for _ in range(rows_per_warp)]
-    scales = [cute.make_rmem_tensor((per_lane,), U8) for _ in range(rows_per_warp)]
-    j0 = jb * W13_ROWS + warp * rows_per_warp
-    row0 = e_id * (2 * inter) + j0 + half * inter
-    _load_chunks(w13 + row0 * (latent // 2), s13 + row0 * (latent // CHUNK), hl, 16, per_lane,
-                 words[0], scales[0])
+    ni = (latent // CHUNK + 31) // 32
+    bufs = [cute.make_rmem_tensor((4, ni), U32), cute.make_rmem_tensor((4, ni), U32),
+            cute.make_rmem_tensor((ni,), U8), cute.make_rmem_tensor((ni,), U8)]
+    j0 = jb * (W13_WARPS * pairs) + warp
+    base = e_id * (2 * inter)
+    if cutlass.const_expr(prefetch & 1):
+        hl = lane % 16
+        for it in cutlass.range_constexpr(pairs):
+            row = base + j0 + it * W13_WARPS + (lane // 16) * inter
+            _prefetch_span(w13 + row * (latent // 2), latent // 2, hl, 16)
+            if hl == 15:
+                _prefetch_span(s13 + row * (latent // CHUNK), latent // CHUNK, 0, 1)
     smem = SmemAllocator()
     xs = smem.allocate_tensor(F32, cute.make_layout((latent,)), byte_alignment=16)
     _stage_row_f32(z + tok.to(I64) * ld_z, xs, latent, 0, W13_WARPS * 32, True,
                    cute.arch.thread_idx()[0])
     cute.arch.barrier()
-    for jj in cutlass.range_constexpr(rows_per_warp):
-        j = j0 + jj
-        if cutlass.const_expr(jj + 1 < rows_per_warp):
-            nrow = row0 + (jj + 1)
-            _load_chunks(w13 + nrow * (latent // 2), s13 + nrow * (latent // CHUNK), hl, 16,
-                         per_lane, words[jj + 1], scales[jj + 1])
-        acc = F32(0.0)
-        for i in cutlass.range_constexpr(per_lane):
-            c = hl + 16 * i
-            acc += (_chunk_dot(words[jj], i, xs, c * CHUNK, c)
-                    * e8m0_scale_times_2p14(scales[jj][i]))
-        for off in cutlass.range_constexpr(4):
-            acc += cute.arch.shuffle_sync_bfly(acc, 8 >> off)
-        up = cute.arch.shuffle_sync(acc, 16)
-        if lane == 0:
-            flat(act)[p.to(I64) * inter + j] = situ(acc, up, beta, linear_beta)
+    for it in cutlass.range(0, pairs, unroll=1):
+        j = j0 + it * W13_WARPS
+        _load_pair(w13, s13, base + j, base + inter + j, lane, latent, bufs)
+        _pair_out(bufs, xs, act, p.to(I64) * inter + j, lane, latent, beta, linear_beta)
+    if cutlass.const_expr(prefetch & 2):
+        nb = inter // (W13_WARPS * pairs)  # CTAs per token-expert pair
+        rows = latent // nb
+        r0 = e_id * latent + jb * rows
+        tid = cute.arch.thread_idx()[0]
+        _prefetch_span(w2 + r0 * (inter // 2), rows * (inter // 2), tid, W13_WARPS * 32)
+        _prefetch_span(s2 + r0 * (inter // CHUNK), rows * (inter // CHUNK), tid, W13_WARPS * 32)
 
 
 @cute.kernel
@@ -321,11 +423,15 @@ def moe_launch(z: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer, w13: cu
                stream: cuda.CUstream, latent: cutlass.Constexpr, inter: cutlass.Constexpr,
                top_k: cutlass.Constexpr, n_exp: cutlass.Constexpr, beta: cutlass.Constexpr,
                linear_beta: cutlass.Constexpr, norm: cutlass.Constexpr,
-               shared: cutlass.Constexpr, eps: cutlass.Constexpr, passes: cutlass.Constexpr):
-    """Host side: w13 + SiTU-GLU, then w2 + weighted sum (+ norm / shared SiTU), one stream."""
+               shared: cutlass.Constexpr, eps: cutlass.Constexpr, passes: cutlass.Constexpr,
+               w13_pairs: cutlass.Constexpr = 0, prefetch: cutlass.Constexpr = 0):
+    """Host side: w13 + SiTU-GLU, then w2 + weighted sum (+ norm / shared SiTU), one stream.
+    `w13_pairs` (row pairs per w13 warp): 0 picks `w13_pairs_for(inter)`."""
+    pairs = w13_pairs if w13_pairs else w13_pairs_for(inter)
     moe_w13_kernel(z, ids, w13, s13, act, ld_z, latent, inter, top_k, n_exp, beta,
-                   linear_beta).launch(grid=(inter // W13_ROWS, n_tok * top_k, 1),
-                                       block=(W13_WARPS * 32, 1, 1), stream=stream)
+                   linear_beta, pairs, prefetch, w2, s2).launch(
+        grid=(inter // (W13_WARPS * pairs), n_tok * top_k, 1), block=(W13_WARPS * 32, 1, 1),
+        stream=stream)
     moe_w2_kernel(act, ids, topk_w, w2, s2, out, ld_out, gu, ld_gu, ws, part, counter, latent,
                   inter, top_k, n_exp, norm, shared, eps, beta, linear_beta, passes).launch(
         grid=(latent // (8 * passes), n_tok, 1), block=(min(top_k, W2_SLOT_WARPS) * 32, 1, 1),
