@@ -38,10 +38,13 @@ compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6))  # + n
 compile_moe(MoeKey(3584, 256, 32, 224, 4.0, 25.0, arch, True, 0, 1e-6))  # 32 slots take turns
 compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 2))  # 16-row corner
 compile_moe(MoeKey(3584, 1024, 8, 896, 4.0, 25.0, arch, True, 0, 1e-6, 1))  # largest I, 8 rows
+compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 1, True))  # tensor-core w13
+compile_moe(MoeKey(3584, 256, 16, 224, 4.0, 25.0, arch, False, 0, 1e-6, 1, True))
 compile_attn_res(AttnResKey(7168, 8, True, True, True, 1e-6, 1e-6, arch))
 print("COMPILED", arch)
 """
-KERNELS = ("gemv_kernel", "gemv_mma_kernel", "router_kernel", "moe_w13_kernel", "moe_w2_kernel",
+KERNELS = ("gemv_kernel", "gemv_mma_kernel", "router_kernel", "moe_w13_kernel", "moe_w13_tc_kernel",
+           "moe_w2_kernel",
            "attn_res_kernel")
 
 

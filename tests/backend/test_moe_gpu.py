@@ -136,19 +136,31 @@ def test_moe_w2_variants(experts: int, inter: int, batch: int, top_k: int, passe
     assert ok, msg
 
 
-@pytest.mark.parametrize("inter,batch,pairs,prefetch", [
-    (384, 1, 3, 0), (384, 1, 3, 3), (384, 2, 1, 1), (384, 8, 2, 2), (256, 1, 2, 3),
-    (256, 5, 1, 0), (384, 64, 3, 3)])
-def test_moe_w13_tilings_and_prefetch(inter: int, batch: int, pairs: int, prefetch: int) -> None:
-    """The w13 kernel's row pairs per warp (1..3, a rolled loop) and its L2 prefetch modes
-    (own lines first, the w2 rows after) give the float64 result; prefetch is a hint only."""
+@pytest.mark.parametrize("experts,inter,batch,scales,z_scale,zero_slice", [
+    (896, 384, 1, (118, 124), 1.0, False), (896, 384, 8, (110, 134), 1.0, False),
+    (896, 256, 3, (118, 124), 2.0 ** 60, False), (224, 384, 2, (118, 124), 2.0 ** -60, False),
+    (896, 384, 64, (118, 124), 1.0, False), (224, 256, 4, (118, 124), 1.0, True)])
+def test_moe_tensor_core_w13(experts: int, inter: int, batch: int, scales: tuple,
+                             z_scale: float, zero_slice: bool) -> None:
+    """The tensor-core w13 (f16 MMA; x scaled per warp by a power of two) against float64:
+    every E2M1 code incl. the f16-subnormal 0.5 * 2^-14, wide E8M0 scales, z far outside f16's
+    range both ways, and a 512-value slice of z that is all zero (its warp's scale clamps)."""
     from backend.k3_decode.ops.moe import moe_experts
 
-    inp = make_inputs(batch, 896, inter, seed=300 + batch + pairs)
+    inp = make_inputs(batch, experts, inter, seed=500 + batch + inter, scales=scales)
+    inp["z"] = (inp["z"].float() * z_scale).to(torch.bfloat16)
+    if zero_slice:
+        inp["z"][:, 1024:1536] = 0
     out = poison_(torch.empty(inp["z"].shape, dtype=torch.bfloat16, device="cuda"))
-    moe_experts(**inp, out=out, w13_pairs=pairs, prefetch=prefetch)
-    ok, msg = check_and_record(OP, f"e896/i{inter}/b{batch}/w13x{pairs}/pf{prefetch}", out,
-                               reference(inp), 2e-2, 2e-2, REL_FRO[torch.bfloat16])
+    moe_experts(**inp, out=out, w13_tc=True)
+    ref = reference(inp)
+    # away from unit scale (wide E8M0 scales, z scaled by 2^+-60) the absolute part follows the
+    # output's RMS, as in `check(scaled_atol=True)`
+    unit = scales == (118, 124) and z_scale == 1.0
+    atol = 2e-2 if unit else 2e-2 * ref.pow(2).mean().sqrt().item()
+    case = (f"e{experts}/i{inter}/b{batch}/w13tc/s{scales[0]}-{scales[1]}/z{z_scale:g}"
+            + ("/zero_slice" if zero_slice else ""))
+    ok, msg = check_and_record(OP, case, out, ref, atol, 2e-2, REL_FRO[torch.bfloat16])
     assert ok, msg
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 from cutlass import cute
+from cutlass.cute.nvgpu import warp as warp_mma
 from cutlass.memory import SmemAllocator
 
 from backend.k3_decode.ops.gemv.device import (
@@ -41,6 +42,7 @@ from backend.k3_decode.ops.gemv.device import (
     I64,
     U8,
     U32,
+    bits_f32,
     e2m1_pair,
     e8m0_scale_times_2p14,
     f16_hi,
@@ -51,15 +53,11 @@ from backend.k3_decode.ops.gemv.device import (
 )
 
 W13_WARPS = 8
-W13_PAIRS = (3, 2, 1)  # row pairs per w13 warp, first that divides I / 8 (3: one wave at T = 1)
+W13_ROWS = 8  # intermediate rows (gate + up pairs) per CTA: one per warp
+F16 = cutlass.Float16
+W13_TC_BLOCKS = 16  # tensor-core w13: 32-wide scale blocks per warp (its K slice: 512 values)
 W2_SLOT_WARPS = 16  # w2: one warp per expert slot (up to 16; more slots take turns)
 CHUNK = 32  # E2M1 values per 16-byte chunk = one E8M0 scale block
-
-
-def w13_pairs_for(inter: int) -> int:
-    """Row pairs per w13 warp: the first of W13_PAIRS that tiles I (3 at I = 384: 16 CTAs per
-    token-expert pair, 256 at one token, which fit the H200's SMs at two per SM)."""
-    return next(p for p in W13_PAIRS if inter % (W13_WARPS * p) == 0)
 
 
 def _sw(c):
@@ -137,147 +135,180 @@ def _stage_row_f32(src: cute.Pointer, xs: cute.Tensor, n: cutlass.Constexpr, bas
                     xs[o + e] = r[e]
 
 
-@cute.jit
-def _prefetch_span(p: cute.Pointer, nbytes: cutlass.Constexpr, first, step: cutlass.Constexpr):
-    """`prefetch.global.L2` of the 128-byte lines `first + step*k` covering bytes [p, p+nbytes)
-    (its first line counted from p's own line); holds no registers, writes nothing."""
-    lines = (nbytes + 127) // 128 + 1  # + 1: p need not sit on a line boundary
-    for k in cutlass.range_constexpr((lines + step - 1) // step):
-        li = first + step * k
-        if li < lines:
-            off = cutlass.min(li * 128, nbytes - 1)
-            cute.arch.prefetch((p + off).llvm_ptr, cache_level="L2")
-
-
-@cute.jit
-def _pair_chunk_dot(wg: cute.Tensor, wu: cute.Tensor, i: cutlass.Constexpr, xs: cute.Tensor,
-                    cbase, c):
-    """Chunk `c` of a gate row and of its up row (words[:, i]) times x: one read of x's 32
-    values serves both rows (scales not applied)."""
-    cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), F32, num_bits_per_copy=128)
-    pg = F32(0.0)
-    pu = F32(0.0)
-    for q in cutlass.range_constexpr(4):
-        xa = cute.make_rmem_tensor((4,), F32)
-        xb = cute.make_rmem_tensor((4,), F32)
-        cute.copy(cp, _svec(xs, cbase + ((8 * q) ^ _sw(c))), xa)
-        cute.copy(cp, _svec(xs, cbase + ((8 * q + 4) ^ _sw(c))), xb)
-        for ii in cutlass.range_constexpr(4):
-            hg = e2m1_pair(wg[q, i], ii)
-            hu = e2m1_pair(wu[q, i], ii)
-            pg += f16_lo(hg) * xa[ii] + f16_hi(hg) * xb[ii]
-            pu += f16_lo(hu) * xa[ii] + f16_hi(hu) * xb[ii]
-    return pg, pu
-
-
-@cute.jit
-def _load_pair(w13: cute.Pointer, s13: cute.Pointer, row_g, row_u, lane,
-               latent: cutlass.Constexpr, bufs: list):
-    """Issue the loads of the lane's chunks `lane + 32 i` of gate row `row_g` and up row
-    `row_u` (16 B each) and their E8M0 bytes; nothing here waits on a loaded value."""
-    n_ch = latent // CHUNK
-    wg, wu, sg, su = bufs
-    cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), U32, num_bits_per_copy=128)
-    st = flat(s13)
-    for i in cutlass.range_constexpr((n_ch + 31) // 32):
-        c = lane + 32 * i
-        if cutlass.const_expr(32 * (i + 1) <= n_ch):
-            cute.copy(cp, vec(w13 + row_g * (latent // 2) + c * 16, U32, 4, 16), wg[None, i])
-            cute.copy(cp, vec(w13 + row_u * (latent // 2) + c * 16, U32, 4, 16), wu[None, i])
-            sg[i] = st[row_g * n_ch + c]
-            su[i] = st[row_u * n_ch + c]
-        else:
-            if c < n_ch:
-                cute.copy(cp, vec(w13 + row_g * (latent // 2) + c * 16, U32, 4, 16),
-                          wg[None, i])
-                cute.copy(cp, vec(w13 + row_u * (latent // 2) + c * 16, U32, 4, 16),
-                          wu[None, i])
-                sg[i] = st[row_g * n_ch + c]
-                su[i] = st[row_u * n_ch + c]
-
-
-@cute.jit
-def _pair_dot(bufs: list, xs: cute.Tensor, lane, latent: cutlass.Constexpr):
-    """The lane's partial gate and up sums over its chunks, block scales applied."""
-    n_ch = latent // CHUNK
-    wg, wu, sg, su = bufs
-    g = F32(0.0)
-    u = F32(0.0)
-    for i in cutlass.range_constexpr((n_ch + 31) // 32):
-        c = lane + 32 * i
-        if cutlass.const_expr(32 * (i + 1) <= n_ch):
-            pg, pu = _pair_chunk_dot(wg, wu, i, xs, c * CHUNK, c)
-            g += pg * e8m0_scale_times_2p14(sg[i])
-            u += pu * e8m0_scale_times_2p14(su[i])
-        else:
-            if c < n_ch:
-                pg, pu = _pair_chunk_dot(wg, wu, i, xs, c * CHUNK, c)
-                g += pg * e8m0_scale_times_2p14(sg[i])
-                u += pu * e8m0_scale_times_2p14(su[i])
-    return g, u
-
-
-@cute.jit
-def _pair_out(bufs: list, xs: cute.Tensor, act: cute.Pointer, at, lane,
-              latent: cutlass.Constexpr, beta: cutlass.Constexpr,
-              linear_beta: cutlass.Constexpr):
-    """Warp-reduce the lanes' gate / up partials; lane 0 writes `act[at] = SiTU-GLU(g, u)`."""
-    g, u = _pair_dot(bufs, xs, lane, latent)
-    # lanes 0-15 collect gate sums, 16-31 up sums (one exchange), then 4 butterfly steps
-    hi = lane >= 16
-    v = cutlass.select_(hi, u, g) + cute.arch.shuffle_sync_bfly(cutlass.select_(hi, g, u), 16)
-    for off in cutlass.range_constexpr(4):
-        v += cute.arch.shuffle_sync_bfly(v, 8 >> off)
-    up = cute.arch.shuffle_sync(v, 16)
-    if lane == 0:
-        flat(act)[at] = situ(v, up, beta, linear_beta)
-
-
 @cute.kernel
 def moe_w13_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: cute.Pointer,
                    act: cute.Pointer, ld_z: I64, latent: cutlass.Constexpr,
                    inter: cutlass.Constexpr, top_k: cutlass.Constexpr,
                    n_exp: cutlass.Constexpr, beta: cutlass.Constexpr,
-                   linear_beta: cutlass.Constexpr, pairs: cutlass.Constexpr,
-                   prefetch: cutlass.Constexpr, w2: cute.Pointer, s2: cute.Pointer):
-    """Gate/up GEMV of one token-expert pair over `W13_WARPS * pairs` intermediate rows, then
-    SiTU-GLU; each warp takes `pairs` row pairs in turn (rows `j0 + 8 it`).
-    `prefetch` bit 1: first, every warp asks L2 for all its pairs' weight lines (no registers
-    held), so the loop's loads wait on L2 rather than DRAM; bit 2: at the end, the CTA asks L2
-    for its share of the expert's w2 rows (for the w2 kernel that follows)."""
+                   linear_beta: cutlass.Constexpr):
+    """Gate/up GEMV of one token-expert pair over 16 intermediate rows, then SiTU-GLU."""
     lane = cute.arch.lane_idx()
     warp = cute.arch.warp_idx()
     jb, p, _ = cute.arch.block_idx()
     tok = p // top_k
     e_id = cutlass.max(cutlass.min(flat(ids)[p], I32(n_exp - 1)), I32(0)).to(I64)
-    ni = (latent // CHUNK + 31) // 32
-    bufs = [cute.make_rmem_tensor((4, ni), U32), cute.make_rmem_tensor((4, ni), U32),
-            cute.make_rmem_tensor((ni,), U8), cute.make_rmem_tensor((ni,), U8)]
-    j0 = jb * (W13_WARPS * pairs) + warp
-    base = e_id * (2 * inter)
-    if cutlass.const_expr(prefetch & 1):
-        hl = lane % 16
-        for it in cutlass.range_constexpr(pairs):
-            row = base + j0 + it * W13_WARPS + (lane // 16) * inter
-            _prefetch_span(w13 + row * (latent // 2), latent // 2, hl, 16)
-            if hl == 15:
-                _prefetch_span(s13 + row * (latent // CHUNK), latent // CHUNK, 0, 1)
+    half = lane // 16
+    hl = lane - half * 16
+    per_lane = latent // CHUNK // 16
+    rows_per_warp = W13_ROWS // W13_WARPS
+    # Row pair 0's weight loads go out before z is staged (they do not depend on it); row
+    # pair 1's right after the barrier, overlapping pair 0's arithmetic.
+    words = [cute.make_rmem_tensor((4, per_lane), U32) for _ in range(rows_per_warp)]
+    scales = [cute.make_rmem_tensor((per_lane,), U8) for _ in range(rows_per_warp)]
+    j0 = jb * W13_ROWS + warp * rows_per_warp
+    row0 = e_id * (2 * inter) + j0 + half * inter
+    _load_chunks(w13 + row0 * (latent // 2), s13 + row0 * (latent // CHUNK), hl, 16, per_lane,
+                 words[0], scales[0])
     smem = SmemAllocator()
     xs = smem.allocate_tensor(F32, cute.make_layout((latent,)), byte_alignment=16)
     _stage_row_f32(z + tok.to(I64) * ld_z, xs, latent, 0, W13_WARPS * 32, True,
                    cute.arch.thread_idx()[0])
     cute.arch.barrier()
-    for it in cutlass.range(0, pairs, unroll=1):
-        j = j0 + it * W13_WARPS
-        _load_pair(w13, s13, base + j, base + inter + j, lane, latent, bufs)
-        _pair_out(bufs, xs, act, p.to(I64) * inter + j, lane, latent, beta, linear_beta)
-    if cutlass.const_expr(prefetch & 2):
-        nb = inter // (W13_WARPS * pairs)  # CTAs per token-expert pair
-        rows = latent // nb
-        r0 = e_id * latent + jb * rows
-        tid = cute.arch.thread_idx()[0]
-        _prefetch_span(w2 + r0 * (inter // 2), rows * (inter // 2), tid, W13_WARPS * 32)
-        _prefetch_span(s2 + r0 * (inter // CHUNK), rows * (inter // CHUNK), tid, W13_WARPS * 32)
+    for jj in cutlass.range_constexpr(rows_per_warp):
+        j = j0 + jj
+        if cutlass.const_expr(jj + 1 < rows_per_warp):
+            nrow = row0 + (jj + 1)
+            _load_chunks(w13 + nrow * (latent // 2), s13 + nrow * (latent // CHUNK), hl, 16,
+                         per_lane, words[jj + 1], scales[jj + 1])
+        acc = F32(0.0)
+        for i in cutlass.range_constexpr(per_lane):
+            c = hl + 16 * i
+            acc += (_chunk_dot(words[jj], i, xs, c * CHUNK, c)
+                    * e8m0_scale_times_2p14(scales[jj][i]))
+        for off in cutlass.range_constexpr(4):
+            acc += cute.arch.shuffle_sync_bfly(acc, 8 >> off)
+        up = cute.arch.shuffle_sync(acc, 16)
+        if lane == 0:
+            flat(act)[p.to(I64) * inter + j] = situ(acc, up, beta, linear_beta)
+
+
+@cute.jit
+def _stage_x_f16(zrow: cute.Pointer, xw: cute.Tensor, lane):
+    """One warp stages its 512-value slice of x as f16 scaled by 2^k (one k per warp, chosen
+    from the slice's largest exponent so that |x| * 2^k < 2^15: no f16 overflow, and every
+    value within 2^-28 of the largest keeps all its bf16 bits). Storage: for block b and lane
+    part t (8 values x0..x7), 16 bytes at (4 b + t) * 8 in the order x0 x4 x1 x5 x2 x6 x3 x7, so
+    f16x2 word j is (x_j, x_j+4). Returns 2^-k (folded into the block scales)."""
+    cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), U32, num_bits_per_copy=128)
+    words = cute.make_rmem_tensor((4, 2), U32)
+    for h in cutlass.range_constexpr(2):
+        cute.copy(cp, vec(zrow + (lane + 32 * h) * 8, U32, 4, 16), words[None, h])
+    emax = I32(0)
+    for h in cutlass.range_constexpr(2):
+        for q in cutlass.range_constexpr(4):
+            wq = words[q, h]
+            emax = cutlass.max(emax, ((wq >> U32(7)) & U32(0xFF)).to(I32))
+            emax = cutlass.max(emax, ((wq >> U32(23)) & U32(0xFF)).to(I32))
+    for off in cutlass.range_constexpr(5):
+        emax = cutlass.max(emax, cute.arch.shuffle_sync_bfly(emax, 16 >> off))
+    fexp = cutlass.min(cutlass.max(I32(268) - emax, I32(1)), I32(253))  # 2^(141 - e)
+    f = bits_f32(fexp.to(U32) << U32(23))
+    inv = bits_f32((I32(254) - fexp).to(U32) << U32(23))
+    cps = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), F16, num_bits_per_copy=128)
+    for h in cutlass.range_constexpr(2):
+        v = lane + 32 * h
+        o = cute.make_rmem_tensor((8,), F16)
+        for j in cutlass.range_constexpr(4):
+            # value j is the low (j even) or high bf16 of word j // 2; value j + 4 of word
+            # j // 2 + 2, the same half
+            wj = words[j // 2, h]
+            wk = words[j // 2 + 2, h]
+            xj = bits_f32(wj << U32(16)) if j % 2 == 0 else bits_f32(wj & U32(0xFFFF0000))
+            xk = bits_f32(wk << U32(16)) if j % 2 == 0 else bits_f32(wk & U32(0xFFFF0000))
+            o[2 * j] = (xj * f).to(F16)
+            o[2 * j + 1] = (xk * f).to(F16)
+        sp = cute.make_ptr(F16, (xw.iterator + v * 8).toint(), cute.AddressSpace.smem,
+                           assumed_align=16)
+        cute.copy(cps, o, cute.make_tensor(sp, cute.make_layout((8,))))
+    return inv
+
+
+@cute.kernel
+def moe_w13_tc_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: cute.Pointer,
+                      act: cute.Pointer, ld_z: I64, latent: cutlass.Constexpr,
+                      inter: cutlass.Constexpr, top_k: cutlass.Constexpr,
+                      n_exp: cutlass.Constexpr, beta: cutlass.Constexpr,
+                      linear_beta: cutlass.Constexpr):
+    """w13 on tensor cores (mma.sync m16n8k16, f16 in, fp32 accumulate): one CTA per (8
+    intermediate rows, token-expert pair), warp w = the K slice of scale blocks
+    [16 w, 16 w + 16). The MMA's 16 rows are the 8 gate rows (g) and their 8 up rows (g + 8),
+    so lane (g, 0) ends with both halves of row j0 + g. Thread (g, t) loads word t (8 E2M1
+    values) of every block of its two rows: the 4 lanes of a row cover one 32-value scale
+    block per pair of k-steps, so each block's MMA result is scaled once in fp32. Physical
+    values (2s, 2s+4) / (2s+1, 2s+5) of the word play logical k (2t, 2t+1) / (2t+8, 2t+9) in
+    k-step s (a dot product does not care about k order; x is stored in the same order).
+    B columns are 8 copies of x (column 0 is read). Per warp the partial sums of its slice
+    meet in shared memory; warp 0 adds them in warp order and applies SiTU-GLU."""
+    lane = cute.arch.lane_idx()
+    wid = cute.arch.warp_idx()
+    jb, p, _ = cute.arch.block_idx()
+    nw = latent // (CHUNK * W13_TC_BLOCKS)
+    g = lane // 4
+    t = lane % 4
+    tok = p // top_k
+    e_id = cutlass.max(cutlass.min(flat(ids)[p], I32(n_exp - 1)), I32(0)).to(I64)
+    j0 = jb * 8
+    row_g = e_id * (2 * inter) + j0 + g
+    row_u = row_g + inter
+    kb0 = wid * W13_TC_BLOCKS
+    # weights first: word t of each of the slice's 16 blocks, both rows; 16 scale bytes per row
+    wg = cute.make_rmem_tensor((1, W13_TC_BLOCKS), U32)
+    wu = cute.make_rmem_tensor((1, W13_TC_BLOCKS), U32)
+    cpw = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), U32, num_bits_per_copy=32)
+    for b in cutlass.range_constexpr(W13_TC_BLOCKS):
+        off = (kb0 + b) * 16 + t * 4
+        cute.copy(cpw, vec(w13 + row_g * (latent // 2) + off, U32, 1, 4), wg[None, b])
+        cute.copy(cpw, vec(w13 + row_u * (latent // 2) + off, U32, 1, 4), wu[None, b])
+    sg = cute.make_rmem_tensor((4,), U32)
+    su = cute.make_rmem_tensor((4,), U32)
+    cp16 = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), U32, num_bits_per_copy=128)
+    cute.copy(cp16, vec(s13 + row_g * (latent // CHUNK) + kb0, U32, 4, 16), sg)
+    cute.copy(cp16, vec(s13 + row_u * (latent // CHUNK) + kb0, U32, 4, 16), su)
+    smem = SmemAllocator()
+    xs = smem.allocate_tensor(F16, cute.make_layout((nw * CHUNK * W13_TC_BLOCKS,)),
+                              byte_alignment=16)
+    part = smem.allocate_tensor(F32, cute.make_layout((nw * 16,)), byte_alignment=16)
+    xw = cute.make_tensor(xs.iterator + wid * (CHUNK * W13_TC_BLOCKS),
+                          cute.make_layout((CHUNK * W13_TC_BLOCKS,)))
+    inv = _stage_x_f16(z + tok.to(I64) * ld_z + kb0 * CHUNK, xw, lane)
+    cute.arch.sync_warp()
+    atom = cute.make_mma_atom(warp_mma.MmaF16BF16Op(F16, F32, (16, 8, 16)))
+    cps = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), F16, num_bits_per_copy=128)
+    acc_g = F32(0.0)
+    acc_u = F32(0.0)
+    for b in cutlass.range_constexpr(W13_TC_BLOCKS):
+        xr = cute.make_rmem_tensor((8,), F16)
+        sp = cute.make_ptr(F16, (xw.iterator + (4 * b + t) * 8).toint(), cute.AddressSpace.smem,
+                           assumed_align=16)
+        cute.copy(cps, cute.make_tensor(sp, cute.make_layout((8,))), xr)
+        c = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), F32)
+        c.fill(0.0)
+        for s2 in cutlass.range_constexpr(2):
+            au = cute.make_rmem_tensor(cute.make_layout((4, 1)), U32)
+            au[0, 0] = e2m1_pair(wg[0, b], 2 * s2)
+            au[1, 0] = e2m1_pair(wu[0, b], 2 * s2)
+            au[2, 0] = e2m1_pair(wg[0, b], 2 * s2 + 1)
+            au[3, 0] = e2m1_pair(wu[0, b], 2 * s2 + 1)
+            a = cute.recast_tensor(au, F16)
+            bt = cute.make_rmem_tensor(cute.make_layout((4, 1)), F16)
+            for e in cutlass.range_constexpr(4):
+                bt[e, 0] = xr[4 * s2 + e]
+            cute.gemm(atom, c, a, bt, c)
+        scg = e8m0_scale_times_2p14((sg[b // 4] >> U32(8 * (b % 4))) & U32(0xFF))
+        scu = e8m0_scale_times_2p14((su[b // 4] >> U32(8 * (b % 4))) & U32(0xFF))
+        acc_g += c[0, 0, 0] * scg
+        acc_u += c[2, 0, 0] * scu
+    if t == 0:
+        part[wid * 16 + g] = acc_g * inv
+        part[wid * 16 + 8 + g] = acc_u * inv
+    cute.arch.barrier()
+    if (wid == 0) & (lane < 8):
+        gate = F32(0.0)
+        up = F32(0.0)
+        for w in cutlass.range_constexpr(nw):
+            gate += part[w * 16 + lane]
+            up += part[w * 16 + 8 + lane]
+        flat(act)[p.to(I64) * inter + j0 + lane] = situ(gate, up, beta, linear_beta)
 
 
 @cute.kernel
@@ -424,14 +455,18 @@ def moe_launch(z: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer, w13: cu
                top_k: cutlass.Constexpr, n_exp: cutlass.Constexpr, beta: cutlass.Constexpr,
                linear_beta: cutlass.Constexpr, norm: cutlass.Constexpr,
                shared: cutlass.Constexpr, eps: cutlass.Constexpr, passes: cutlass.Constexpr,
-               w13_pairs: cutlass.Constexpr = 0, prefetch: cutlass.Constexpr = 0):
+               w13_tc: cutlass.Constexpr = False):
     """Host side: w13 + SiTU-GLU, then w2 + weighted sum (+ norm / shared SiTU), one stream.
-    `w13_pairs` (row pairs per w13 warp): 0 picks `w13_pairs_for(inter)`."""
-    pairs = w13_pairs if w13_pairs else w13_pairs_for(inter)
-    moe_w13_kernel(z, ids, w13, s13, act, ld_z, latent, inter, top_k, n_exp, beta,
-                   linear_beta, pairs, prefetch, w2, s2).launch(
-        grid=(inter // (W13_WARPS * pairs), n_tok * top_k, 1), block=(W13_WARPS * 32, 1, 1),
-        stream=stream)
+    `w13_tc`: the tensor-core w13 (`moe_w13_tc_kernel`) instead of the SIMT one."""
+    if cutlass.const_expr(w13_tc):
+        moe_w13_tc_kernel(z, ids, w13, s13, act, ld_z, latent, inter, top_k, n_exp, beta,
+                          linear_beta).launch(
+            grid=(inter // 8, n_tok * top_k, 1),
+            block=(latent // (CHUNK * W13_TC_BLOCKS) * 32, 1, 1), stream=stream)
+    else:
+        moe_w13_kernel(z, ids, w13, s13, act, ld_z, latent, inter, top_k, n_exp, beta,
+                       linear_beta).launch(grid=(inter // W13_ROWS, n_tok * top_k, 1),
+                                           block=(W13_WARPS * 32, 1, 1), stream=stream)
     moe_w2_kernel(act, ids, topk_w, w2, s2, out, ld_out, gu, ld_gu, ws, part, counter, latent,
                   inter, top_k, n_exp, norm, shared, eps, beta, linear_beta, passes).launch(
         grid=(latent // (8 * passes), n_tok, 1), block=(min(top_k, W2_SLOT_WARPS) * 32, 1, 1),

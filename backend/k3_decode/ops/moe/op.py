@@ -50,6 +50,7 @@ MAX_TOKENS = 64
 MAX_EXPERTS = 4096
 MAX_STAGED = 10240  # I * min(k, 16) fp32 activations staged per w2 CTA (40 KB of shared memory)
 W2_PASSES = 1  # default w2 rows per CTA = 8 * passes (1 or 2; a compile-time key field)
+W13_TC = False  # default w13 kernel: SIMT (False) or tensor cores (True)
 W2_MAX_INTER = {1: 1024, 2: 384}  # largest I per tiling that ptxas keeps in registers (sm_90a/100a)
 U8 = torch.uint8
 
@@ -73,8 +74,7 @@ class MoeKey:
     shared: int = 0
     eps: float = 1e-6
     w2_passes: int = W2_PASSES
-    w13_pairs: int = 0  # row pairs per w13 warp; 0 = the kernel's choice for I
-    prefetch: int = 0  # w13's L2 prefetch bits (kernel.py)
+    w13_tc: bool = False  # tensor-core w13 (kernel.py: moe_w13_tc_kernel)
 
 
 def check_inputs(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
@@ -139,7 +139,7 @@ def compile_moe(key: MoeKey, extra_options: str = ""):
             cuda.CUstream(0)]
     return cute.compile(moe_launch, *args, key.latent, key.inter, key.top_k, key.experts,
                         key.beta, key.linear_beta, key.normalize, key.shared, key.eps,
-                        key.w2_passes, key.w13_pairs, key.prefetch,
+                        key.w2_passes, key.w13_tc,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
@@ -150,7 +150,7 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
                 act: torch.Tensor | None = None, *, normalize: bool = False,
                 gu: torch.Tensor | None = None, eps: float = 1e-6,
                 counter: torch.Tensor | None = None, w2_passes: int = W2_PASSES,
-                w13_pairs: int = 0, prefetch: int = 0) -> torch.Tensor:
+                w13_tc: bool = W13_TC) -> torch.Tensor:
     """Run the MXFP4 expert kernels (see the module docstring); returns `out`."""
     for name, v in (("z", z), ("topk_ids", topk_ids), ("w13", w13)):
         need(isinstance(v, torch.Tensor), MoeInputError, OP, f"{name} must be a torch.Tensor")
@@ -160,12 +160,6 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
          f"eps={eps!r} must be a finite number >= 0")
     need(w2_passes in (1, 2), MoeInputError, OP,
          f"w2_passes={w2_passes!r} must be 1 or 2 (8 or 16 rows per w2 CTA; 4 passes spill)")
-    need(w13_pairs in (0, 1, 2, 3) and (w13_pairs == 0 or (w13.shape[1] // 2) % (8 * w13_pairs)
-                                         == 0), MoeInputError, OP,
-         f"w13_pairs={w13_pairs!r} must be 0 (auto) or 1..3 row pairs per warp that tile I "
-         f"(8 warps per CTA)")
-    need(prefetch in (0, 1, 2, 3), MoeInputError, OP,
-         f"prefetch={prefetch!r} must be 0..3 (bit 1: w13's own lines, bit 2: the w2 rows)")
     shared = 0 if gu is None else gu.shape[-1] // 2
     if out is None:
         out = torch.empty(z.shape[0], z.shape[1] + shared, dtype=torch.bfloat16,
@@ -190,7 +184,7 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
         counter, ws, part = topk_ids, act, act
     fn = compile_moe(MoeKey(lat, inter, k, e, float(beta), float(linear_beta), target_arch(),
                             bool(normalize), shared, float(eps), int(w2_passes),
-                            int(w13_pairs), int(prefetch)))
+                            bool(w13_tc)))
     import cutlass
 
     g = out if gu is None else gu
