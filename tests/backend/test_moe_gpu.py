@@ -136,15 +136,17 @@ def test_moe_w2_variants(experts: int, inter: int, batch: int, top_k: int, passe
     assert ok, msg
 
 
-@pytest.mark.parametrize("experts,inter,batch,scales,z_scale,zero_slice", [
-    (896, 384, 1, (118, 124), 1.0, False), (896, 384, 8, (110, 134), 1.0, False),
-    (896, 256, 3, (118, 124), 2.0 ** 60, False), (224, 384, 2, (118, 124), 2.0 ** -60, False),
-    (896, 384, 64, (118, 124), 1.0, False), (224, 256, 4, (118, 124), 1.0, True)])
+@pytest.mark.parametrize("experts,inter,batch,scales,z_scale,zero_slice,blocks", [
+    (896, 384, 1, (118, 124), 1.0, False, 0), (896, 384, 8, (110, 134), 1.0, False, 0),
+    (896, 256, 3, (118, 124), 2.0 ** 60, False, 16), (224, 384, 2, (118, 124), 2.0 ** -60, False, 8),
+    (896, 384, 64, (118, 124), 1.0, False, 28), (224, 256, 4, (118, 124), 1.0, True, 0),
+    (224, 384, 5, (110, 134), 1.0, True, 16)])
 def test_moe_tensor_core_w13(experts: int, inter: int, batch: int, scales: tuple,
-                             z_scale: float, zero_slice: bool) -> None:
+                             z_scale: float, zero_slice: bool, blocks: int) -> None:
     """The tensor-core w13 (f16 MMA; x scaled per warp by a power of two) against float64:
     every E2M1 code incl. the f16-subnormal 0.5 * 2^-14, wide E8M0 scales, z far outside f16's
-    range both ways, and a 512-value slice of z that is all zero (its warp's scale clamps)."""
+    range both ways, and a 512-value slice of z that is all zero (its warp's scale clamps);
+    K slices of 28 (the default at L = 3584: 3.5 vectors per lane to stage), 16 and 8 blocks."""
     from backend.k3_decode.ops.moe import moe_experts
 
     inp = make_inputs(batch, experts, inter, seed=500 + batch + inter, scales=scales)
@@ -152,13 +154,13 @@ def test_moe_tensor_core_w13(experts: int, inter: int, batch: int, scales: tuple
     if zero_slice:
         inp["z"][:, 1024:1536] = 0
     out = poison_(torch.empty(inp["z"].shape, dtype=torch.bfloat16, device="cuda"))
-    moe_experts(**inp, out=out, w13_tc=True)
+    moe_experts(**inp, out=out, w13_tc=True, w13_tc_blocks=blocks)
     ref = reference(inp)
     # away from unit scale (wide E8M0 scales, z scaled by 2^+-60) the absolute part follows the
     # output's RMS, as in `check(scaled_atol=True)`
     unit = scales == (118, 124) and z_scale == 1.0
     atol = 2e-2 if unit else 2e-2 * ref.pow(2).mean().sqrt().item()
-    case = (f"e{experts}/i{inter}/b{batch}/w13tc/s{scales[0]}-{scales[1]}/z{z_scale:g}"
+    case = (f"e{experts}/i{inter}/b{batch}/w13tc{blocks}/s{scales[0]}-{scales[1]}/z{z_scale:g}"
             + ("/zero_slice" if zero_slice else ""))
     ok, msg = check_and_record(OP, case, out, ref, atol, 2e-2, REL_FRO[torch.bfloat16])
     assert ok, msg

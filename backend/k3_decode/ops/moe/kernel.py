@@ -55,7 +55,14 @@ from backend.k3_decode.ops.gemv.device import (
 W13_WARPS = 8
 W13_ROWS = 8  # intermediate rows (gate + up pairs) per CTA: one per warp
 F16 = cutlass.Float16
-W13_TC_BLOCKS = 16  # tensor-core w13: 32-wide scale blocks per warp (its K slice: 512 values)
+W13_TC_BLOCKS = (28, 32, 24, 16, 12, 8)  # tensor-core w13: scale blocks per warp, first dividing
+
+
+def w13_tc_blocks(latent: int) -> int:
+    """32-wide scale blocks per warp of the tensor-core w13 (its K slice): the first of
+    W13_TC_BLOCKS that divides L / 32 (28 at L = 3584: 4 warps, 56 weight words per lane in
+    flight; bytes in flight per SM, not issue, bound this kernel on the H200)."""
+    return next(b for b in W13_TC_BLOCKS if (latent // CHUNK) % b == 0)
 W2_SLOT_WARPS = 16  # w2: one warp per expert slot (up to 16; more slots take turns)
 CHUNK = 32  # E2M1 values per 16-byte chunk = one E8M0 scale block
 
@@ -183,18 +190,26 @@ def moe_w13_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: c
 
 
 @cute.jit
-def _stage_x_f16(zrow: cute.Pointer, xw: cute.Tensor, lane):
-    """One warp stages its 512-value slice of x as f16 scaled by 2^k (one k per warp, chosen
+def _stage_x_f16(zrow: cute.Pointer, xw: cute.Tensor, lane, blocks: cutlass.Constexpr):
+    """One warp stages its `32 * blocks`-value slice of x as f16 scaled by 2^k (one k per warp, chosen
     from the slice's largest exponent so that |x| * 2^k < 2^15: no f16 overflow, and every
     value within 2^-28 of the largest keeps all its bf16 bits). Storage: for block b and lane
     part t (8 values x0..x7), 16 bytes at (4 b + t) * 8 in the order x0 x4 x1 x5 x2 x6 x3 x7, so
     f16x2 word j is (x_j, x_j+4). Returns 2^-k (folded into the block scales)."""
     cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), U32, num_bits_per_copy=128)
-    words = cute.make_rmem_tensor((4, 2), U32)
-    for h in cutlass.range_constexpr(2):
-        cute.copy(cp, vec(zrow + (lane + 32 * h) * 8, U32, 4, 16), words[None, h])
+    nv = 4 * blocks  # 16-byte vectors of the slice
+    nh = (nv + 31) // 32
+    words = cute.make_rmem_tensor((4, nh), U32)
+    for h in cutlass.range_constexpr(nh):
+        if cutlass.const_expr(32 * (h + 1) <= nv):
+            cute.copy(cp, vec(zrow + (lane + 32 * h) * 8, U32, 4, 16), words[None, h])
+        else:
+            for q in cutlass.range_constexpr(4):
+                words[q, h] = U32(0)
+            if lane + 32 * h < nv:
+                cute.copy(cp, vec(zrow + (lane + 32 * h) * 8, U32, 4, 16), words[None, h])
     emax = I32(0)
-    for h in cutlass.range_constexpr(2):
+    for h in cutlass.range_constexpr(nh):
         for q in cutlass.range_constexpr(4):
             wq = words[q, h]
             emax = cutlass.max(emax, ((wq >> U32(7)) & U32(0xFF)).to(I32))
@@ -205,7 +220,7 @@ def _stage_x_f16(zrow: cute.Pointer, xw: cute.Tensor, lane):
     f = bits_f32(fexp.to(U32) << U32(23))
     inv = bits_f32((I32(254) - fexp).to(U32) << U32(23))
     cps = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), F16, num_bits_per_copy=128)
-    for h in cutlass.range_constexpr(2):
+    for h in cutlass.range_constexpr(nh):
         v = lane + 32 * h
         o = cute.make_rmem_tensor((8,), F16)
         for j in cutlass.range_constexpr(4):
@@ -219,7 +234,11 @@ def _stage_x_f16(zrow: cute.Pointer, xw: cute.Tensor, lane):
             o[2 * j + 1] = (xk * f).to(F16)
         sp = cute.make_ptr(F16, (xw.iterator + v * 8).toint(), cute.AddressSpace.smem,
                            assumed_align=16)
-        cute.copy(cps, o, cute.make_tensor(sp, cute.make_layout((8,))))
+        if cutlass.const_expr(32 * (h + 1) <= nv):
+            cute.copy(cps, o, cute.make_tensor(sp, cute.make_layout((8,))))
+        else:
+            if v < nv:
+                cute.copy(cps, o, cute.make_tensor(sp, cute.make_layout((8,))))
     return inv
 
 
@@ -228,10 +247,10 @@ def moe_w13_tc_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13
                       act: cute.Pointer, ld_z: I64, latent: cutlass.Constexpr,
                       inter: cutlass.Constexpr, top_k: cutlass.Constexpr,
                       n_exp: cutlass.Constexpr, beta: cutlass.Constexpr,
-                      linear_beta: cutlass.Constexpr):
+                      linear_beta: cutlass.Constexpr, blocks: cutlass.Constexpr):
     """w13 on tensor cores (mma.sync m16n8k16, f16 in, fp32 accumulate): one CTA per (8
     intermediate rows, token-expert pair), warp w = the K slice of scale blocks
-    [16 w, 16 w + 16). The MMA's 16 rows are the 8 gate rows (g) and their 8 up rows (g + 8),
+    [blocks * w, blocks * (w + 1)). The MMA's 16 rows are the 8 gate rows (g) and their 8 up rows (g + 8),
     so lane (g, 0) ends with both halves of row j0 + g. Thread (g, t) loads word t (8 E2M1
     values) of every block of its two rows: the 4 lanes of a row cover one 32-value scale
     block per pair of k-steps, so each block's MMA result is scaled once in fp32. Physical
@@ -242,7 +261,7 @@ def moe_w13_tc_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13
     lane = cute.arch.lane_idx()
     wid = cute.arch.warp_idx()
     jb, p, _ = cute.arch.block_idx()
-    nw = latent // (CHUNK * W13_TC_BLOCKS)
+    nw = latent // (CHUNK * blocks)
     g = lane // 4
     t = lane % 4
     tok = p // top_k
@@ -250,33 +269,33 @@ def moe_w13_tc_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13
     j0 = jb * 8
     row_g = e_id * (2 * inter) + j0 + g
     row_u = row_g + inter
-    kb0 = wid * W13_TC_BLOCKS
-    # weights first: word t of each of the slice's 16 blocks, both rows; 16 scale bytes per row
-    wg = cute.make_rmem_tensor((1, W13_TC_BLOCKS), U32)
-    wu = cute.make_rmem_tensor((1, W13_TC_BLOCKS), U32)
+    kb0 = wid * blocks
+    # weights first: word t of each of the slice's blocks, both rows; their scale bytes
+    wg = cute.make_rmem_tensor((1, blocks), U32)
+    wu = cute.make_rmem_tensor((1, blocks), U32)
     cpw = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), U32, num_bits_per_copy=32)
-    for b in cutlass.range_constexpr(W13_TC_BLOCKS):
+    for b in cutlass.range_constexpr(blocks):
         off = (kb0 + b) * 16 + t * 4
         cute.copy(cpw, vec(w13 + row_g * (latent // 2) + off, U32, 1, 4), wg[None, b])
         cute.copy(cpw, vec(w13 + row_u * (latent // 2) + off, U32, 1, 4), wu[None, b])
-    sg = cute.make_rmem_tensor((4,), U32)
-    su = cute.make_rmem_tensor((4,), U32)
-    cp16 = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), U32, num_bits_per_copy=128)
-    cute.copy(cp16, vec(s13 + row_g * (latent // CHUNK) + kb0, U32, 4, 16), sg)
-    cute.copy(cp16, vec(s13 + row_u * (latent // CHUNK) + kb0, U32, 4, 16), su)
+    sg = cute.make_rmem_tensor((1, blocks // 4), U32)
+    su = cute.make_rmem_tensor((1, blocks // 4), U32)
+    for q in cutlass.range_constexpr(blocks // 4):  # rows of L/32 bytes: 4-byte aligned
+        cute.copy(cpw, vec(s13 + row_g * (latent // CHUNK) + kb0 + 4 * q, U32, 1, 4), sg[None, q])
+        cute.copy(cpw, vec(s13 + row_u * (latent // CHUNK) + kb0 + 4 * q, U32, 1, 4), su[None, q])
     smem = SmemAllocator()
-    xs = smem.allocate_tensor(F16, cute.make_layout((nw * CHUNK * W13_TC_BLOCKS,)),
+    xs = smem.allocate_tensor(F16, cute.make_layout((nw * CHUNK * blocks,)),
                               byte_alignment=16)
     part = smem.allocate_tensor(F32, cute.make_layout((nw * 16,)), byte_alignment=16)
-    xw = cute.make_tensor(xs.iterator + wid * (CHUNK * W13_TC_BLOCKS),
-                          cute.make_layout((CHUNK * W13_TC_BLOCKS,)))
-    inv = _stage_x_f16(z + tok.to(I64) * ld_z + kb0 * CHUNK, xw, lane)
+    xw = cute.make_tensor(xs.iterator + wid * (CHUNK * blocks),
+                          cute.make_layout((CHUNK * blocks,)))
+    inv = _stage_x_f16(z + tok.to(I64) * ld_z + kb0 * CHUNK, xw, lane, blocks)
     cute.arch.sync_warp()
     atom = cute.make_mma_atom(warp_mma.MmaF16BF16Op(F16, F32, (16, 8, 16)))
     cps = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), F16, num_bits_per_copy=128)
     acc_g = F32(0.0)
     acc_u = F32(0.0)
-    for b in cutlass.range_constexpr(W13_TC_BLOCKS):
+    for b in cutlass.range_constexpr(blocks):
         xr = cute.make_rmem_tensor((8,), F16)
         sp = cute.make_ptr(F16, (xw.iterator + (4 * b + t) * 8).toint(), cute.AddressSpace.smem,
                            assumed_align=16)
@@ -294,8 +313,8 @@ def moe_w13_tc_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13
             for e in cutlass.range_constexpr(4):
                 bt[e, 0] = xr[4 * s2 + e]
             cute.gemm(atom, c, a, bt, c)
-        scg = e8m0_scale_times_2p14((sg[b // 4] >> U32(8 * (b % 4))) & U32(0xFF))
-        scu = e8m0_scale_times_2p14((su[b // 4] >> U32(8 * (b % 4))) & U32(0xFF))
+        scg = e8m0_scale_times_2p14((sg[0, b // 4] >> U32(8 * (b % 4))) & U32(0xFF))
+        scu = e8m0_scale_times_2p14((su[0, b // 4] >> U32(8 * (b % 4))) & U32(0xFF))
         acc_g += c[0, 0, 0] * scg
         acc_u += c[2, 0, 0] * scu
     if t == 0:
@@ -455,14 +474,15 @@ def moe_launch(z: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer, w13: cu
                top_k: cutlass.Constexpr, n_exp: cutlass.Constexpr, beta: cutlass.Constexpr,
                linear_beta: cutlass.Constexpr, norm: cutlass.Constexpr,
                shared: cutlass.Constexpr, eps: cutlass.Constexpr, passes: cutlass.Constexpr,
-               w13_tc: cutlass.Constexpr = False):
+               w13_tc: cutlass.Constexpr = False, w13_tc_blk: cutlass.Constexpr = 0):
     """Host side: w13 + SiTU-GLU, then w2 + weighted sum (+ norm / shared SiTU), one stream.
     `w13_tc`: the tensor-core w13 (`moe_w13_tc_kernel`) instead of the SIMT one."""
     if cutlass.const_expr(w13_tc):
+        blk = w13_tc_blk if w13_tc_blk else w13_tc_blocks(latent)
         moe_w13_tc_kernel(z, ids, w13, s13, act, ld_z, latent, inter, top_k, n_exp, beta,
-                          linear_beta).launch(
-            grid=(inter // 8, n_tok * top_k, 1),
-            block=(latent // (CHUNK * W13_TC_BLOCKS) * 32, 1, 1), stream=stream)
+                          linear_beta, blk).launch(
+            grid=(inter // 8, n_tok * top_k, 1), block=(latent // (CHUNK * blk) * 32, 1, 1),
+            stream=stream)
     else:
         moe_w13_kernel(z, ids, w13, s13, act, ld_z, latent, inter, top_k, n_exp, beta,
                        linear_beta).launch(grid=(inter // W13_ROWS, n_tok * top_k, 1),

@@ -75,6 +75,7 @@ class MoeKey:
     eps: float = 1e-6
     w2_passes: int = W2_PASSES
     w13_tc: bool = False  # tensor-core w13 (kernel.py: moe_w13_tc_kernel)
+    w13_tc_blocks: int = 0  # its scale blocks per warp; 0 = the kernel's choice
 
 
 def check_inputs(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
@@ -139,7 +140,7 @@ def compile_moe(key: MoeKey, extra_options: str = ""):
             cuda.CUstream(0)]
     return cute.compile(moe_launch, *args, key.latent, key.inter, key.top_k, key.experts,
                         key.beta, key.linear_beta, key.normalize, key.shared, key.eps,
-                        key.w2_passes, key.w13_tc,
+                        key.w2_passes, key.w13_tc, key.w13_tc_blocks,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
@@ -150,7 +151,7 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
                 act: torch.Tensor | None = None, *, normalize: bool = False,
                 gu: torch.Tensor | None = None, eps: float = 1e-6,
                 counter: torch.Tensor | None = None, w2_passes: int = W2_PASSES,
-                w13_tc: bool = W13_TC) -> torch.Tensor:
+                w13_tc: bool = W13_TC, w13_tc_blocks: int = 0) -> torch.Tensor:
     """Run the MXFP4 expert kernels (see the module docstring); returns `out`."""
     for name, v in (("z", z), ("topk_ids", topk_ids), ("w13", w13)):
         need(isinstance(v, torch.Tensor), MoeInputError, OP, f"{name} must be a torch.Tensor")
@@ -160,6 +161,10 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
          f"eps={eps!r} must be a finite number >= 0")
     need(w2_passes in (1, 2), MoeInputError, OP,
          f"w2_passes={w2_passes!r} must be 1 or 2 (8 or 16 rows per w2 CTA; 4 passes spill)")
+    need(w13_tc_blocks in (0, 8, 12, 16, 24, 28, 32) and (
+        w13_tc_blocks == 0 or (z.shape[1] // 32) % w13_tc_blocks == 0), MoeInputError, OP,
+         f"w13_tc_blocks={w13_tc_blocks!r} must be 0 (auto) or one of 8, 12, 16, 24, 28, 32 "
+         f"dividing L / 32")
     shared = 0 if gu is None else gu.shape[-1] // 2
     if out is None:
         out = torch.empty(z.shape[0], z.shape[1] + shared, dtype=torch.bfloat16,
@@ -184,7 +189,7 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
         counter, ws, part = topk_ids, act, act
     fn = compile_moe(MoeKey(lat, inter, k, e, float(beta), float(linear_beta), target_arch(),
                             bool(normalize), shared, float(eps), int(w2_passes),
-                            bool(w13_tc)))
+                            bool(w13_tc), int(w13_tc_blocks)))
     import cutlass
 
     g = out if gu is None else gu
