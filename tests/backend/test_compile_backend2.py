@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import sys
 from backend.k3_decode.ops.attn_res.op import AttnResKey, compile_attn_res
-from backend.k3_decode.ops.gemv.op import GemvKey, compile_gemv
+from backend.k3_decode.ops.gemv.op import (GemvKey, GemvNormedKey, compile_gemv,
+                                           compile_gemv_normed)
 from backend.k3_decode.ops.moe.op import MoeKey, compile_moe
 from backend.k3_decode.ops.router.op import RouterKey, compile_router
 arch = sys.argv[1]
@@ -30,6 +31,8 @@ compile_gemv(GemvKey(7168, 64, False, arch, "mma"))
 compile_gemv(GemvKey(7168, 8, False, arch, "mma", 8))  # split-K across 8 warps
 compile_gemv(GemvKey(1536, 64, True, arch, "mma", 4))
 compile_gemv(GemvKey(7168, 1, False, arch, "simt", 1, True))  # programmatic dependent launch
+compile_gemv_normed(GemvNormedKey(3584, 4352, 448, 1e-6, 1, False, arch))  # MoE tail + norm
+compile_gemv_normed(GemvNormedKey(3584, 3840, 224, 1e-6, 2, True, arch))
 compile_router(RouterKey(7168, 896, 16, 8, True, 1.0, arch))
 compile_router(RouterKey(7168, 896, 16, 1, True, 1.0, arch, 3584 + 1536))  # + front rows
 compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch))
@@ -43,8 +46,8 @@ compile_moe(MoeKey(3584, 256, 16, 224, 4.0, 25.0, arch, False, 0, 1e-6, 1, True)
 compile_attn_res(AttnResKey(7168, 8, True, True, True, 1e-6, 1e-6, arch))
 print("COMPILED", arch)
 """
-KERNELS = ("gemv_kernel", "gemv_mma_kernel", "router_kernel", "moe_w13_kernel", "moe_w13_tc_kernel",
-           "moe_w2_kernel",
+KERNELS = ("gemv_kernel", "gemv_mma_kernel", "gemv_normed_kernel", "router_kernel",
+           "moe_w13_kernel", "moe_w13_tc_kernel", "moe_w2_kernel",
            "attn_res_kernel")
 
 

@@ -279,6 +279,35 @@ def test_router_front_launch_gives_the_same_step(monkeypatch) -> None:
     assert len(M.layer_kernels(apart, 1, inp)) == 10
 
 
+@pytest.mark.parametrize("reqs", [1, 2])
+def test_moe_norm_in_the_tail_gemv_matches_the_w2_epilogue(reqs: int, monkeypatch) -> None:
+    """At 1-2 tokens the latent RMSNorm runs inside the tail GEMV (`gemv_normed`, default) or in
+    the w2 kernel's ticket epilogue (``K3_DECODE_MOE_NORM=w2``): the same kernel count per layer
+    and the same logits up to the bf16 rounding of the normalised rows (the GEMV path skips it)."""
+    monkeypatch.setenv("K3_DECODE_MOE_NORM", "gemv")
+    _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
+    monkeypatch.setenv("K3_DECODE_MOE_NORM", "w2")
+    w2 = Executor(KernelOps(spec.weights.config, max_context=1024), spec.weights,
+                  spec.caches.clone(), max_tokens=reqs)
+    assert spec.ops._norm_in_gemv and not w2.ops._norm_in_gemv
+    a = spec.capture(inp).replay(inp).clone()
+    b = w2.capture(inp).replay(inp).clone()
+    torch.cuda.synchronize()
+    rel = _rel(a, b)
+    names_a = M.layer_kernels(spec, 1, inp)
+    names_b = M.layer_kernels(w2, 1, inp)
+    ok = rel < 2e-2 and len(names_a) == len(names_b) and bool(torch.isfinite(a).all())
+    record_case(op="executor_moe_norm", case=f"tp8-r{reqs} gemv vs w2 epilogue rel={rel:.2e}",
+                dtype="float32", max_abs_err=float((a - b).abs().max()), max_rel_err=rel,
+                atol=0.0, rtol=2e-2, passed=ok)
+    assert ok, (rel, names_a, names_b)
+    assert any("gemv_normed" in n for n in names_a), names_a
+    assert not any("gemv_normed" in n for n in names_b), names_b
+    monkeypatch.setenv("K3_DECODE_MOE_NORM", "nope")
+    with pytest.raises(ValueError, match="K3_DECODE_MOE_NORM='nope'"):
+        KernelOps(spec.weights.config)
+
+
 def test_greedy_agreement_over_512_steps() -> None:
     """Teacher-forced greedy decode (TP8, 2 requests from 1k context): the specialized and the
     stock-equivalent executor against float64, per step; the specialized path must agree with

@@ -23,6 +23,29 @@ def test_nibble_order_and_code_values():
     assert unpack_e2m1(packed)[0].tolist() == want
 
 
+def test_e2m1_pair_decodes_every_code_pair_to_f16_times_2_pow_minus_14():
+    """The kernels' nibble-pair decode (`gemv/device.py: e2m1_pair`, run here on host ints):
+    for every pair position and every pair of codes, with random other nibbles, the f16x2
+    halves are the two E2M1 values times 2^-14 (the 2^14 rides in the block scale)."""
+    import numpy as np
+
+    from backend.k3_decode.ops.gemv.device import e2m1_pair
+
+    table = unpack_e2m1(torch.tensor([[0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE]],
+                                     dtype=U8))[0].tolist()
+    g = torch.Generator().manual_seed(3)
+    for i in range(4):
+        for lo in range(16):
+            for hi in range(16):
+                other = int(torch.randint(0, 2**32, (1,), generator=g, dtype=torch.int64))
+                keep = ~((0xF << (4 * i)) | (0xF << (4 * i + 16))) & 0xFFFFFFFF
+                word = (other & keep) | (lo << (4 * i)) | (hi << (4 * i + 16))
+                bits = e2m1_pair(word, i)
+                halves = np.array([bits & 0xFFFF, bits >> 16], dtype=np.uint16).view(np.float16)
+                got = [float(h) * 2.0**14 for h in halves]
+                assert got == [table[lo], table[hi]], (i, lo, hi, hex(word))
+
+
 def test_scale_applies_per_32_block():
     packed = torch.full((1, 32), 0x22, dtype=U8)  # 64 values of 1.0
     scale = torch.tensor([[127, 130]], dtype=U8)

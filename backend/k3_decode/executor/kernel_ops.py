@@ -5,10 +5,11 @@ Per KDA + MoE layer (9 launches at 1-2 tokens, 10 from 3): AttnRes+norm, input p
 (GEMV), fused KDA, o_proj, AttnRes+norm, router + front projection ``[latent down ; shared
 gate_up]`` (one launch while the GEMV would use its SIMT kernel, i.e. 1-2 tokens; from 3 tokens
 the router and the tensor-core front GEMV are two launches; ``K3_DECODE_ROUTER_FRONT=0`` keeps
-them apart always), MXFP4 experts (2: the w2 kernel also writes the latent RMSNorm and the shared
-experts' SiTU-GLU; with ``K3_DECODE_PREP=torch`` a torch prep does that instead), tail projection
-``[up * norm_w | shared down]`` (the routed output and the shared experts are summed inside that
-one GEMV). With ``side_stream=True`` a separate router runs on a second stream beside the front
+them apart always), MXFP4 experts (2: the w2 kernel also writes the shared experts' SiTU-GLU and the latent
+RMSNorm, or, at 1-2 tokens, leaves that norm to the tail projection, ``gemv_normed``, see
+``K3_DECODE_MOE_NORM``; with ``K3_DECODE_PREP=torch`` a torch prep does both instead), tail
+projection ``[up * norm_w | shared down]`` (the routed output and the shared experts are summed
+inside that one GEMV). With ``side_stream=True`` a separate router runs on a second stream beside the front
 projection (joined before the experts). With ``pdl`` (``K3_DECODE_PDL=1``) the SIMT GEMVs are
 programmatic dependent launches: their first weight loads go out while the previous kernel
 runs (the MLA op's absorb / combine stay ordinary launches: as PDL launches they cost the MLA
@@ -31,6 +32,7 @@ from backend.k3_decode.config import K3Config
 from backend.k3_decode.executor.state import KdaCache, MlaCache, StepInputs
 from backend.k3_decode.executor.torch_ops import rms, situ_glu, write_latent_rows
 from backend.k3_decode.executor.weights import DenseWeights, KdaWeights, MlaWeights, MoeWeights
+from backend.k3_decode.ops.gemv.op import normed_fits
 from backend.k3_decode.ops.gemv.op import pick_variant as gemv_variant
 from backend.k3_decode.ops.moe.op import MAX_TOKENS as MOE_MAX_TOKENS
 
@@ -78,7 +80,7 @@ class KernelOps:
     def __init__(self, cfg: K3Config, *, side_stream: bool = False,
                  max_context: int | None = None, pdl: bool | None = None) -> None:
         from backend.k3_decode.ops.attn_res import attn_res_norm
-        from backend.k3_decode.ops.gemv import gemv
+        from backend.k3_decode.ops.gemv import gemv, gemv_normed
         from backend.k3_decode.ops.kda import kda_decode
         from backend.k3_decode.ops.mla import mla_decode
         from backend.k3_decode.ops.moe import moe_experts
@@ -91,6 +93,11 @@ class KernelOps:
             rms_glu_prep, mla_prep = torch_rms_glu_prep, torch_mla_prep
         self._pdl = bool(envs.K3_DECODE_PDL if pdl is None else pdl)
         self._gemv = functools.partial(gemv, pdl=self._pdl)
+        self._gemv_normed = gemv_normed
+        norm_at = envs.K3_DECODE_MOE_NORM
+        if norm_at not in ("gemv", "w2"):
+            raise ValueError(f"K3_DECODE_MOE_NORM={norm_at!r}: use 'gemv' or 'w2'")
+        self._norm_in_gemv = norm_at == "gemv"
         self._kda, self._mla, self._moe = kda_decode, mla_decode, moe_experts
         self._route, self._attn_res, self._prep, self._mla_prep = (route, attn_res_norm,
                                                                    rms_glu_prep, mla_prep)
@@ -190,6 +197,16 @@ class KernelOps:
             routed = fr[:, :lat] if self.skip_experts else self._moe(
                 fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, **glu)
             self._prep(routed, None, fr[:, lat:], xt, eps=self.cfg.rms_eps, **glu)
+        elif (self._norm_in_gemv and normed_fits(h.shape[0], lat, s)
+              and gemv_variant("auto", h.shape[0], *tail.shape) == "simt"):
+            # the w2 kernel leaves fp32 rows + partial sums of squares and writes the shared
+            # SiTU into xt[:, L:]; the tail GEMV applies the norm (no ticket, no extra pass)
+            t = h.shape[0]
+            ws = torch.empty(t, lat, dtype=torch.float32, device=h.device)
+            part = torch.empty(t, lat // 8, dtype=torch.float32, device=h.device)
+            self._moe(fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, xt,
+                      normalize=True, gu=fr[:, lat:], norm_out=(ws, part), **glu)
+            return self._gemv_normed(ws, part, xt[:, lat:], tail, self.cfg.rms_eps, out)
         else:  # the w2 kernel also writes the latent RMSNorm and the shared SiTU into xt
             self._moe(fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, xt,
                       normalize=True, gu=fr[:, lat:], eps=self.cfg.rms_eps, counter=c_moe,

@@ -347,7 +347,8 @@ def moe_w2_kernel(act: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer,
     warp order (fixed: deterministic, no atomics).
     `norm`: the rows go to the fp32 workspace `ws`, their sum of squares to `part`; the last CTA
     of the token (atomic ticket, as in the router) writes `out[:, :L] = bf16(y * rsqrt(mean(y^2)
-    + eps))` and resets the token's counter. `shared > 0`: the CTAs also write
+    + eps))` and resets the token's counter. `norm == 2` (deferred): only `ws` and `part`; the
+    tail projection (`gemv_normed`) applies the norm, and no CTA waits on a ticket. `shared > 0`: the CTAs also write
     `out[:, L:L+shared] = bf16(SiTU-GLU(gu[:, :shared], gu[:, shared:]))`.
     """
     cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
@@ -419,7 +420,7 @@ def moe_w2_kernel(act: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer,
                 sq += cute.arch.shuffle_sync_bfly(sq, 16 >> off)
             if lane == 0:
                 flat(part)[tok.to(I64) * nb + rb] = sq
-    if cutlass.const_expr(norm):
+    if cutlass.const_expr(norm == 1):  # norm == 2: the next kernel applies the norm
         cute.arch.fence_acq_rel_gpu()
         cute.arch.barrier()
         if tid == 0:
@@ -476,7 +477,8 @@ def moe_launch(z: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer, w13: cu
                shared: cutlass.Constexpr, eps: cutlass.Constexpr, passes: cutlass.Constexpr,
                w13_tc: cutlass.Constexpr = False, w13_tc_blk: cutlass.Constexpr = 0):
     """Host side: w13 + SiTU-GLU, then w2 + weighted sum (+ norm / shared SiTU), one stream.
-    `w13_tc`: the tensor-core w13 (`moe_w13_tc_kernel`) instead of the SIMT one."""
+    `w13_tc`: the tensor-core w13 (`moe_w13_tc_kernel`) instead of the SIMT one. `norm`: 0,
+    1 (the w2 kernel normalises) or 2 (it leaves fp32 rows + partial sums of squares)."""
     if cutlass.const_expr(w13_tc):
         blk = w13_tc_blk if w13_tc_blk else w13_tc_blocks(latent)
         moe_w13_tc_kernel(z, ids, w13, s13, act, ld_z, latent, inter, top_k, n_exp, beta,

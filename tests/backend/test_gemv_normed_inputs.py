@@ -1,0 +1,96 @@
+"""`gemv_normed` (the latent MoE tail with its RMSNorm inside) and the MoE op's deferred-norm
+option: input checks on the CPU (each bad input raises its own message before any launch), the
+shape rule the executor uses, and the environment switch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.k3_decode.ops.gemv.op import (
+    GemvInputError,
+    check_normed_inputs,
+    gemv_normed,
+    normed_fits,
+)
+from backend.k3_decode.ops.moe.op import MoeInputError, moe_experts
+
+BF, F32 = torch.bfloat16, torch.float32
+
+
+def good(t: int = 1, lat: int = 512, s: int = 256, n: int = 64) -> dict:
+    return {"lat": torch.zeros(t, lat, dtype=F32), "part": torch.zeros(t, lat // 8, dtype=F32),
+            "rest": torch.zeros(t, s, dtype=BF), "w": torch.zeros(n, lat + s, dtype=BF),
+            "out": torch.zeros(t, n, dtype=BF)}
+
+
+def test_valid_cpu_inputs_stop_only_at_the_device_check():
+    with pytest.raises(GemvInputError, match="needs CUDA tensors"):
+        check_normed_inputs(**good(), eps=1e-6)
+    with pytest.raises(GemvInputError, match="needs CUDA tensors"):
+        gemv_normed(**{k: v for k, v in good(t=2).items() if k != "out"}, eps=1e-6)
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"lat": torch.zeros(3, 512, dtype=F32)}, "3 rows is outside 1..2"),
+    ({"lat": torch.zeros(1, 384, dtype=F32)}, "L=384 must be a multiple of 256"),
+    ({"rest": torch.zeros(1, 384, dtype=BF)}, "S=384 must be a multiple of 256"),
+    ({"lat": torch.zeros(1, 512, dtype=BF)}, "lat must be torch.float32"),
+    ({"rest": torch.zeros(1, 256, dtype=F32)}, "rest must be torch.bfloat16"),
+    ({"part": torch.zeros(2, 64, dtype=F32)}, r"part must be \[1, nb\]"),
+    ({"w": torch.zeros(64, 512, dtype=BF)}, r"w must have shape \(64, 768\)"),
+    ({"out": torch.zeros(1, 64, dtype=torch.float16)}, "out must be bf16 or fp32"),
+    ({"out": torch.zeros(1, 63, dtype=BF)}, r"out must have shape \(1, 64\)"),
+    ({"lat": torch.zeros(512, dtype=F32)}, "lat must be a 2-D torch.Tensor"),
+])
+def test_bad_inputs(change, match):
+    with pytest.raises(GemvInputError, match=match):
+        check_normed_inputs(**{**good(), **change}, eps=1e-6)
+
+
+@pytest.mark.parametrize("eps", [float("nan"), -1.0, float("inf"), "1e-6"])
+def test_bad_eps(eps):
+    with pytest.raises(GemvInputError, match="eps=.* must be a finite number"):
+        check_normed_inputs(**good(), eps=eps)
+
+
+def test_shape_rule_the_executor_uses():
+    """TP8's tail (L = 3584, S = 768) at 1-2 tokens takes the normed GEMV; TP16's (S = 384) and
+    3+ tokens keep the w2 kernel's own norm epilogue."""
+    assert normed_fits(1, 3584, 768) and normed_fits(2, 3584, 768)
+    assert not normed_fits(3, 3584, 768)
+    assert not normed_fits(1, 3584, 384)
+    assert not normed_fits(1, 3584, 0)
+
+
+def test_moe_deferred_norm_checks():
+    """`norm_out=(ws, part)`: only with normalize=True; fp32 [T, L] and [T, L / (8 passes)]."""
+    t, e, inter, lat, k = 2, 8, 128, 512, 4
+    kw = {"z": torch.randn(t, lat).to(BF), "topk_w": torch.rand(t, k),
+          "topk_ids": torch.zeros(t, k, dtype=torch.int32),
+          "w13": torch.zeros(e, 2 * inter, lat // 2, dtype=torch.uint8),
+          "w13_scale": torch.zeros(e, 2 * inter, lat // 32, dtype=torch.uint8),
+          "w2": torch.zeros(e, lat, inter // 2, dtype=torch.uint8),
+          "w2_scale": torch.zeros(e, lat, inter // 32, dtype=torch.uint8)}
+    ws, part = torch.zeros(t, lat), torch.zeros(t, lat // 8)
+    with pytest.raises(MoeInputError, match="norm_out=.* goes with normalize=True"):
+        moe_experts(**kw, norm_out=(ws, part))
+    with pytest.raises(MoeInputError, match=r"part must have shape \(2, 64\)"):
+        moe_experts(**kw, normalize=True, norm_out=(ws, torch.zeros(t, 32)))
+    with pytest.raises(MoeInputError, match="ws must be torch.float32"):
+        moe_experts(**kw, normalize=True, norm_out=(ws.to(BF), part))
+    with pytest.raises(MoeInputError, match="needs CUDA tensors"):
+        moe_experts(**kw, normalize=True, norm_out=(ws, part))
+
+
+def test_moe_norm_switch_is_checked(monkeypatch):
+    """An unknown K3_DECODE_MOE_NORM value is refused when the executor's ops are made."""
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+    from backend.k3_decode.config import k3_config
+    from backend.k3_decode.executor.kernel_ops import KernelOps
+
+    monkeypatch.setenv("K3_DECODE_MOE_NORM", "w3")
+    with pytest.raises(ValueError, match="K3_DECODE_MOE_NORM='w3': use 'gemv' or 'w2'"):
+        KernelOps(k3_config(8))
+    monkeypatch.setenv("K3_DECODE_MOE_NORM", "w2")
+    assert not KernelOps(k3_config(8))._norm_in_gemv
