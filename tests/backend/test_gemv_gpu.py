@@ -131,23 +131,26 @@ def test_gemv_cuda_graph_replays_new_inputs() -> None:
     (7168, 3584, 768, 1, False), (7168, 3584, 768, 2, True), (7168, 3584, 512, 1, True),
     (512, 512, 256, 2, False)])
 def test_gemv_normed_matches_reference(n: int, lat: int, s: int, t: int, strided: bool) -> None:
-    """`gemv_normed`: `[rms_norm(lat) | rest] @ W^T` from fp32 rows, per-CTA partial sums of
-    squares (here 8-row chunks, as the w2 kernel writes them) and a bf16 rest, against float64;
-    strided lat / rest rows (views of wider buffers, as the executor passes them)."""
+    """`gemv_normed`: `[rms_norm(x[:, :L]) | x[:, L:]] @ W^T` from bf16 rows and per-CTA partial
+    sums of squares (here 8-row chunks of fp32 rows, as the w2 kernel writes them) against
+    float64; strided x rows (a view of a wider buffer)."""
     from backend.k3_decode.ops.gemv import gemv_normed
 
     g = torch.Generator(device="cpu").manual_seed(n + lat + s + t)
     pad = 64 if strided else 0
-    lat_x = (torch.randn(t, lat + pad, generator=g) * 5).cuda()[:, :lat]
-    rest = torch.randn(t, s + pad, generator=g).to(torch.bfloat16).cuda()[:, pad:]
+    y32 = torch.randn(t, lat, generator=g) * 5
+    full = torch.randn(t, lat + s + pad, generator=g).to(torch.bfloat16)
+    full[:, :lat] = y32.to(torch.bfloat16)
+    x = full.cuda()[:, :lat + s]  # rows strided by lat + s + pad
+    assert x.stride(0) == lat + s + pad
     w = (torch.randn(n, lat + s, generator=g) * 0.02).to(torch.bfloat16).cuda()
-    part = lat_x.pow(2).view(t, lat // 8, 8).sum(-1).contiguous()
+    part = y32.pow(2).view(t, lat // 8, 8).sum(-1).contiguous().cuda()
     out = poison_(torch.empty(t, n, dtype=torch.bfloat16, device="cuda"))
-    gemv_normed(lat_x, part, rest, w, 1e-6, out)
+    gemv_normed(x, lat, part, w, 1e-6, out)
     torch.cuda.synchronize()
-    l64 = lat_x.double()
-    xn = l64 * torch.rsqrt(l64.pow(2).mean(-1, keepdim=True) + 1e-6)
-    ref = torch.cat([xn, rest.double()], -1) @ w.double().T
+    l64 = x[:, :lat].double()
+    inv = torch.rsqrt(y32.double().cuda().pow(2).mean(-1, keepdim=True) + 1e-6)
+    ref = torch.cat([l64 * inv, x[:, lat:].double()], -1) @ w.double().T
     ok, msg = check_and_record(OP, f"normed/{n}x{lat}+{s}/t{t}{'/strided' if strided else ''}",
                                out, ref, 2e-2, 2e-2, REL_FRO[torch.bfloat16])
     assert ok, msg

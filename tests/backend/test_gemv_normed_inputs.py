@@ -19,8 +19,8 @@ BF, F32 = torch.bfloat16, torch.float32
 
 
 def good(t: int = 1, lat: int = 512, s: int = 256, n: int = 64) -> dict:
-    return {"lat": torch.zeros(t, lat, dtype=F32), "part": torch.zeros(t, lat // 8, dtype=F32),
-            "rest": torch.zeros(t, s, dtype=BF), "w": torch.zeros(n, lat + s, dtype=BF),
+    return {"x": torch.zeros(t, lat + s, dtype=BF), "latent": lat,
+            "part": torch.zeros(t, lat // 8, dtype=F32), "w": torch.zeros(n, lat + s, dtype=BF),
             "out": torch.zeros(t, n, dtype=BF)}
 
 
@@ -32,16 +32,17 @@ def test_valid_cpu_inputs_stop_only_at_the_device_check():
 
 
 @pytest.mark.parametrize("change,match", [
-    ({"lat": torch.zeros(3, 512, dtype=F32)}, "3 rows is outside 1..2"),
-    ({"lat": torch.zeros(1, 384, dtype=F32)}, "L=384 must be a multiple of 256"),
-    ({"rest": torch.zeros(1, 384, dtype=BF)}, "S=384 must be a multiple of 256"),
-    ({"lat": torch.zeros(1, 512, dtype=BF)}, "lat must be torch.float32"),
-    ({"rest": torch.zeros(1, 256, dtype=F32)}, "rest must be torch.bfloat16"),
+    ({"x": torch.zeros(3, 768, dtype=BF)}, "3 rows is outside 1..2"),
+    ({"latent": 384}, "latent=384 and K - latent=384 must be positive multiples of 256"),
+    ({"latent": 768}, "latent=768 and K - latent=0 must be positive"),
+    ({"latent": 512.0}, "latent=512.0"),
+    ({"x": torch.zeros(1, 768, dtype=F32)}, "x must be torch.bfloat16"),
     ({"part": torch.zeros(2, 64, dtype=F32)}, r"part must be \[1, nb\]"),
+    ({"part": torch.zeros(1, 64, dtype=BF)}, "part must be torch.float32"),
     ({"w": torch.zeros(64, 512, dtype=BF)}, r"w must have shape \(64, 768\)"),
     ({"out": torch.zeros(1, 64, dtype=torch.float16)}, "out must be bf16 or fp32"),
     ({"out": torch.zeros(1, 63, dtype=BF)}, r"out must have shape \(1, 64\)"),
-    ({"lat": torch.zeros(512, dtype=F32)}, "lat must be a 2-D torch.Tensor"),
+    ({"x": torch.zeros(768, dtype=BF)}, "x must be a 2-D torch.Tensor"),
 ])
 def test_bad_inputs(change, match):
     with pytest.raises(GemvInputError, match=match):
@@ -64,7 +65,7 @@ def test_shape_rule_the_executor_uses():
 
 
 def test_moe_deferred_norm_checks():
-    """`norm_out=(ws, part)`: only with normalize=True; fp32 [T, L] and [T, L / (8 passes)]."""
+    """`norm_part`: only with normalize=True; fp32 [T, L / (8 passes)]."""
     t, e, inter, lat, k = 2, 8, 128, 512, 4
     kw = {"z": torch.randn(t, lat).to(BF), "topk_w": torch.rand(t, k),
           "topk_ids": torch.zeros(t, k, dtype=torch.int32),
@@ -72,15 +73,17 @@ def test_moe_deferred_norm_checks():
           "w13_scale": torch.zeros(e, 2 * inter, lat // 32, dtype=torch.uint8),
           "w2": torch.zeros(e, lat, inter // 2, dtype=torch.uint8),
           "w2_scale": torch.zeros(e, lat, inter // 32, dtype=torch.uint8)}
-    ws, part = torch.zeros(t, lat), torch.zeros(t, lat // 8)
-    with pytest.raises(MoeInputError, match="norm_out=.* goes with normalize=True"):
-        moe_experts(**kw, norm_out=(ws, part))
-    with pytest.raises(MoeInputError, match=r"part must have shape \(2, 64\)"):
-        moe_experts(**kw, normalize=True, norm_out=(ws, torch.zeros(t, 32)))
-    with pytest.raises(MoeInputError, match="ws must be torch.float32"):
-        moe_experts(**kw, normalize=True, norm_out=(ws.to(BF), part))
+    part = torch.zeros(t, lat // 8)
+    with pytest.raises(MoeInputError, match="norm_part goes with normalize=True"):
+        moe_experts(**kw, norm_part=part)
+    with pytest.raises(MoeInputError, match=r"norm_part must have shape \(2, 64\)"):
+        moe_experts(**kw, normalize=True, norm_part=torch.zeros(t, 32))
+    with pytest.raises(MoeInputError, match=r"norm_part must have shape \(2, 32\)"):
+        moe_experts(**kw, normalize=True, norm_part=part, w2_passes=2)
+    with pytest.raises(MoeInputError, match="norm_part must be torch.float32"):
+        moe_experts(**kw, normalize=True, norm_part=part.to(BF))
     with pytest.raises(MoeInputError, match="needs CUDA tensors"):
-        moe_experts(**kw, normalize=True, norm_out=(ws, part))
+        moe_experts(**kw, normalize=True, norm_part=part)
 
 
 def test_moe_norm_switch_is_checked(monkeypatch):

@@ -249,26 +249,24 @@ def test_moe_norm_epilogue_graph_replays_and_is_deterministic() -> None:
 
 @pytest.mark.parametrize("batch,passes", [(1, 1), (2, 1), (2, 2)])
 def test_moe_deferred_norm_leaves_rows_and_partials(batch: int, passes: int) -> None:
-    """`norm_out=(ws, part)`: the w2 kernel leaves the fp32 expert sum in `ws` (float64 within
-    fp32 rounding of the bf16-tolerance kernel), per-CTA sums of squares in `part` that add up
-    to sum(ws^2), the shared SiTU-GLU in `out[:, L:]`, and does not touch `out[:, :L]`."""
+    """`norm_part=part`: the w2 kernel writes the un-normalised expert sum as bf16 into
+    `out[:, :L]` (float64 within bf16 tolerance), per-CTA sums of squares into `part` that add up
+    to sum(y^2) of the rows (checked against the bf16 rows: fp32 vs bf16 rounding only), and
+    the shared SiTU-GLU into `out[:, L:]`."""
     from backend.k3_decode.ops.moe import moe_experts
     from backend.k3_decode.reference.moe import situ_glu
 
     inp = make_inputs(batch, 896, 384, seed=700 + batch + passes)
     gu = (torch.randn(batch, 2 * 768, device="cuda") * 3).to(torch.bfloat16)
     out = poison_(torch.empty(batch, LATENT + 768, dtype=torch.bfloat16, device="cuda"))
-    ws = poison_(torch.empty(batch, LATENT, device="cuda"))
     part = poison_(torch.empty(batch, LATENT // (8 * passes), device="cuda"))
-    moe_experts(**inp, out=out, normalize=True, gu=gu, norm_out=(ws, part), w2_passes=passes)
+    moe_experts(**inp, out=out, normalize=True, gu=gu, norm_part=part, w2_passes=passes)
     torch.cuda.synchronize()
-    ref = reference(inp)
-    ok, msg = check_and_record(OP, f"deferred_norm/rows/b{batch}/w2x{passes}", ws, ref, 2e-2,
-                               2e-2, REL_FRO[torch.bfloat16])
+    ok, msg = check_and_record(OP, f"deferred_norm/rows/b{batch}/w2x{passes}", out[:, :LATENT],
+                               reference(inp), 2e-2, 2e-2, REL_FRO[torch.bfloat16])
     assert ok, msg
-    ss = ws.double().pow(2).sum(-1)
-    assert torch.allclose(part.double().sum(-1), ss, rtol=1e-5), (part.sum(-1), ss)
-    assert torch.isnan(out[:, :LATENT].float()).all(), "the latent columns were written"
+    ss = out[:, :LATENT].double().pow(2).sum(-1)
+    assert torch.allclose(part.double().sum(-1), ss, rtol=1e-2), (part.sum(-1), ss)
     ok, msg = check_and_record(OP, f"deferred_norm/shared/b{batch}", out[:, LATENT:],
                                situ_glu(gu[:, :768], gu[:, 768:]), 2e-2, 2e-2,
                                REL_FRO[torch.bfloat16])

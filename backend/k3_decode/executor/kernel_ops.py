@@ -199,14 +199,12 @@ class KernelOps:
             self._prep(routed, None, fr[:, lat:], xt, eps=self.cfg.rms_eps, **glu)
         elif (self._norm_in_gemv and normed_fits(h.shape[0], lat, s)
               and gemv_variant("auto", h.shape[0], *tail.shape) == "simt"):
-            # the w2 kernel leaves fp32 rows + partial sums of squares and writes the shared
-            # SiTU into xt[:, L:]; the tail GEMV applies the norm (no ticket, no extra pass)
-            t = h.shape[0]
-            ws = torch.empty(t, lat, dtype=torch.float32, device=h.device)
-            part = torch.empty(t, lat // 8, dtype=torch.float32, device=h.device)
+            # the w2 kernel writes bf16 rows (un-normalised) + partial sums of squares and the
+            # shared SiTU into xt; the tail GEMV applies the norm (no ticket, no extra pass)
+            part = torch.empty(h.shape[0], lat // 8, dtype=torch.float32, device=h.device)
             self._moe(fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, xt,
-                      normalize=True, gu=fr[:, lat:], norm_out=(ws, part), **glu)
-            return self._gemv_normed(ws, part, xt[:, lat:], tail, self.cfg.rms_eps, out)
+                      normalize=True, gu=fr[:, lat:], norm_part=part, **glu)
+            return self._gemv_normed(xt, lat, part, tail, self.cfg.rms_eps, out)
         else:  # the w2 kernel also writes the latent RMSNorm and the shared SiTU into xt
             self._moe(fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, xt,
                       normalize=True, gu=fr[:, lat:], eps=self.cfg.rms_eps, counter=c_moe,

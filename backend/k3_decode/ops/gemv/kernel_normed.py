@@ -1,17 +1,18 @@
 """The latent MoE's tail projection with the latent RMSNorm inside, in CuTe DSL (SIMT, 1-2 rows).
 
-`y[T, N] = [rms_norm(lat) | rest] @ W[N, L + S]^T` where `lat [T, L]` is fp32 (the w2 kernel's
-expert sum, left un-normalised), `rest [T, S]` bf16 (the shared experts' SiTU-GLU) and the norm
-has no weight (K3 folds it into the up-projection): `rsqrt(mean(lat^2) + eps)` comes from the
-w2 kernel's per-CTA sums of squares `part [T, nb]`. Since that factor is one number per token,
-each warp keeps two sums, `W[:, :L] . lat` and `W[:, L:] . rest`, and writes
-`inv * first + second`: the norm costs no work per element, and the fp32 rows are used as they
-are (the unfused path rounds `lat * inv` to bf16 first: the results differ by that rounding).
+`y[T, N] = [rms_norm(lat) | rest] @ W[N, L + S]^T` where `x = [lat | rest] [T, L + S]` is bf16:
+the w2 kernel's un-normalised expert sum `bf16(y)` and the shared experts' SiTU-GLU; the norm has
+no weight (K3 folds it into the up-projection) and its factor `rsqrt(mean(y^2) + eps)` comes
+from the w2 kernel's per-CTA sums of squares of the fp32 rows, `part [T, nb]`. Being one number
+per token, it is applied to a sum: each warp keeps `W[:, :L] . lat` and `W[:, L:] . rest` apart
+and writes `inv * first + second`, so the norm costs no work per element and the kernel reads
+what the plain GEMV reads. (The w2-epilogue path rounds `y * inv` to bf16, this one `y`: the
+same relative rounding, different last bits.)
 
 Layout as the SIMT GEMV (`kernel.py`): one warp per weight row, 8 per CTA, each lane reads
-16-byte vectors (8 bf16) of the row at stride 32 vectors, up to 8 in flight; L % 256 == 0 so a
-lane's vector is wholly latent or wholly rest. Every warp sums the token's `nb` partials itself
-(L2 hits; issued with the first weight loads, used only at the end).
+16-byte vectors (8 bf16) of the row and of x at stride 32 vectors; L % 256 == 0 so a lane's
+vector is wholly latent or wholly rest. Every warp sums the token's `nb` partials itself (L2
+hits, used only at the end).
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from backend.k3_decode.ops.gemv.kernel import THREADS, VEC, WARPS, group_size
 
 
 @cute.kernel
-def gemv_normed_kernel(lat: cute.Pointer, part: cute.Pointer, rest: cute.Pointer,
-                       w: cute.Pointer, y: cute.Pointer, n_rows: I32, n_tok: I32, ld_lat: I64,
-                       ld_rest: I64, ld_y: I64, latent: cutlass.Constexpr, k: cutlass.Constexpr,
-                       nb: cutlass.Constexpr, eps: cutlass.Constexpr, tt: cutlass.Constexpr):
+def gemv_normed_kernel(x: cute.Pointer, part: cute.Pointer, w: cute.Pointer, y: cute.Pointer,
+                       n_rows: I32, n_tok: I32, ld_x: I64, ld_y: I64, latent: cutlass.Constexpr,
+                       k: cutlass.Constexpr, nb: cutlass.Constexpr, eps: cutlass.Constexpr,
+                       tt: cutlass.Constexpr):
     """One warp per weight row, `tt` tokens per CTA."""
     lane = cute.arch.lane_idx()
     warp = cute.arch.warp_idx()
@@ -36,52 +37,43 @@ def gemv_normed_kernel(lat: cute.Pointer, part: cute.Pointer, rest: cute.Pointer
     row = rb * WARPS + warp
     tok0 = tb * tt
     if row < n_rows:
-        # sums of squares first (each lane nb / 32 partials; used after the dot products)
-        ss = cute.make_rmem_tensor((tt,), F32)
-        for t in cutlass.range_constexpr(tt):
-            tok = cutlass.min(tok0 + t, n_tok - 1).to(I64)
-            ss[t] = F32(0.0)
-            for j in cutlass.range_constexpr((nb + 31) // 32):
-                if cutlass.const_expr(32 * (j + 1) <= nb):
-                    ss[t] += flat(part)[tok * nb + lane + 32 * j]
-                else:
-                    if lane + 32 * j < nb:
-                        ss[t] += flat(part)[tok * nb + lane + 32 * j]
         w_row = w + row.to(I64) * k
         nvec = k // VEC
         per_lane = nvec // 32
         lat_i = latent // (VEC * 32)  # vector slots i < lat_i are latent for every lane
         gs = group_size(per_lane)
         cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BF16, num_bits_per_copy=128)
-        cpf = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), F32, num_bits_per_copy=128)
         acc_l = cute.make_rmem_tensor((tt,), F32)
         acc_r = cute.make_rmem_tensor((tt,), F32)
+        ss = cute.make_rmem_tensor((tt,), F32)
         for t in cutlass.range_constexpr(tt):
             acc_l[t] = F32(0.0)
             acc_r[t] = F32(0.0)
+            ss[t] = F32(0.0)
         for g in cutlass.range_constexpr(per_lane // gs):
             wr = cute.make_rmem_tensor((VEC, gs), BF16)
             for i in cutlass.range_constexpr(gs):
                 c = lane + 32 * (g * gs + i)
                 cute.copy(cp, vec(w_row + c * VEC, BF16, VEC, 16), wr[None, i])
+            if cutlass.const_expr(g == 0):  # the partials: after the first weight loads
+                for t in cutlass.range_constexpr(tt):
+                    tok = cutlass.min(tok0 + t, n_tok - 1).to(I64)
+                    for j in cutlass.range_constexpr((nb + 31) // 32):
+                        if cutlass.const_expr(32 * (j + 1) <= nb):
+                            ss[t] += flat(part)[tok * nb + lane + 32 * j]
+                        else:
+                            if lane + 32 * j < nb:
+                                ss[t] += flat(part)[tok * nb + lane + 32 * j]
             for t in cutlass.range_constexpr(tt):
                 tok = cutlass.min(tok0 + t, n_tok - 1).to(I64)
                 for i in cutlass.range_constexpr(gs):
                     c = lane + 32 * (g * gs + i)
-                    if cutlass.const_expr(g * gs + i < lat_i):
-                        xa = cute.make_rmem_tensor((4,), F32)
-                        xb = cute.make_rmem_tensor((4,), F32)
-                        base = lat + (tok * ld_lat + c * VEC)
-                        cute.copy(cpf, vec(base, F32, 4, 16), xa)
-                        cute.copy(cpf, vec(base + 4, F32, 4, 16), xb)
-                        for e in cutlass.range_constexpr(4):
-                            acc_l[t] += wr[e, i].to(F32) * xa[e]
-                            acc_l[t] += wr[4 + e, i].to(F32) * xb[e]
-                    else:
-                        xr = cute.make_rmem_tensor((VEC,), BF16)
-                        cute.copy(cp, vec(rest + (tok * ld_rest + (c * VEC - latent)), BF16,
-                                          VEC, 16), xr)
-                        for e in cutlass.range_constexpr(VEC):
+                    xr = cute.make_rmem_tensor((VEC,), BF16)
+                    cute.copy(cp, vec(x + (tok * ld_x + c * VEC), BF16, VEC, 16), xr)
+                    for e in cutlass.range_constexpr(VEC):
+                        if cutlass.const_expr(g * gs + i < lat_i):
+                            acc_l[t] += wr[e, i].to(F32) * xr[e].to(F32)
+                        else:
                             acc_r[t] += wr[e, i].to(F32) * xr[e].to(F32)
         for t in cutlass.range_constexpr(tt):
             a = cute.arch.warp_reduction_sum(acc_l[t])
@@ -93,13 +85,11 @@ def gemv_normed_kernel(lat: cute.Pointer, part: cute.Pointer, rest: cute.Pointer
 
 
 @cute.jit
-def gemv_normed_launch(lat: cute.Pointer, part: cute.Pointer, rest: cute.Pointer,
-                       w: cute.Pointer, y: cute.Pointer, n_rows: I32, n_tok: I32, ld_lat: I64,
-                       ld_rest: I64, ld_y: I64, stream: cuda.CUstream,
+def gemv_normed_launch(x: cute.Pointer, part: cute.Pointer, w: cute.Pointer, y: cute.Pointer,
+                       n_rows: I32, n_tok: I32, ld_x: I64, ld_y: I64, stream: cuda.CUstream,
                        latent: cutlass.Constexpr, k: cutlass.Constexpr, nb: cutlass.Constexpr,
                        eps: cutlass.Constexpr, tt: cutlass.Constexpr):
     """Host side: grid (ceil(N / 8), ceil(T / tt)) on the caller's stream."""
-    gemv_normed_kernel(lat, part, rest, w, y, n_rows, n_tok, ld_lat, ld_rest, ld_y, latent, k,
-                       nb, eps, tt).launch(
-        grid=((n_rows + WARPS - 1) // WARPS, (n_tok + tt - 1) // tt, 1),
-        block=(THREADS, 1, 1), stream=stream)
+    gemv_normed_kernel(x, part, w, y, n_rows, n_tok, ld_x, ld_y, latent, k, nb, eps,
+                       tt).launch(grid=((n_rows + WARPS - 1) // WARPS, (n_tok + tt - 1) // tt, 1),
+                                  block=(THREADS, 1, 1), stream=stream)

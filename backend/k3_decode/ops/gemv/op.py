@@ -222,59 +222,57 @@ def compile_gemv_normed(key: GemvNormedKey, extra_options: str = ""):
     from backend.k3_decode.ops.gemv.kernel_normed import gemv_normed_launch
 
     bf, f32 = cutlass.BFloat16, cutlass.Float32
-    args = [fake_ptr(f32), fake_ptr(f32, 4), fake_ptr(bf), fake_ptr(bf),
-            fake_ptr(f32 if key.out_f32 else bf, 4), cutlass.Int32(1), cutlass.Int32(1),
-            cutlass.Int64(1), cutlass.Int64(1), cutlass.Int64(1), cuda.CUstream(0)]
+    args = [fake_ptr(bf), fake_ptr(f32, 4), fake_ptr(bf), fake_ptr(f32 if key.out_f32 else bf, 4),
+            cutlass.Int32(1), cutlass.Int32(1), cutlass.Int64(1), cutlass.Int64(1),
+            cuda.CUstream(0)]
     return cute.compile(gemv_normed_launch, *args, key.latent, key.k, key.nb, key.eps, key.tt,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
-def check_normed_inputs(lat: torch.Tensor, part: torch.Tensor, rest: torch.Tensor,
-                        w: torch.Tensor, out: torch.Tensor, eps: float) -> tuple[int, int, int]:
-    """Validate `gemv_normed`'s inputs; returns `(T, L, S)` or raises `GemvInputError`."""
+def check_normed_inputs(x: torch.Tensor, latent: int, part: torch.Tensor, w: torch.Tensor,
+                        out: torch.Tensor, eps: float) -> tuple[int, int]:
+    """Validate `gemv_normed`'s inputs; returns `(T, K)` or raises `GemvInputError`."""
     err = GemvInputError
-    for name, v in (("lat", lat), ("part", part), ("rest", rest), ("w", w), ("out", out)):
+    for name, v in (("x", x), ("part", part), ("w", w), ("out", out)):
         need(isinstance(v, torch.Tensor) and v.dim() == 2, err, OP,
              f"gemv_normed: {name} must be a 2-D torch.Tensor")
-    t, lt = lat.shape
-    s = rest.shape[1]
+    t, k = x.shape
     n = w.shape[0]
     need(1 <= t <= NORMED_MAX_TOKENS, err, OP,
          f"gemv_normed: {t} rows is outside 1..{NORMED_MAX_TOKENS} (SIMT only)")
-    need(lt % 256 == 0 and lt > 0, err, OP, f"gemv_normed: L={lt} must be a multiple of 256")
-    need(s % 256 == 0 and s > 0, err, OP, f"gemv_normed: S={s} must be a multiple of 256")
-    need(lt + s <= MAX_K, err, OP, f"gemv_normed: L + S = {lt + s} exceeds {MAX_K}")
+    need(isinstance(latent, int) and normed_fits(t, latent, k - latent), err, OP,
+         f"gemv_normed: latent={latent!r} and K - latent={k - latent} must be positive "
+         f"multiples of 256 (K = {k})")
     need(isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0, err, OP,
          f"gemv_normed: eps={eps!r} must be a finite number >= 0")
     need(part.shape[0] == t and part.shape[1] >= 1, err, OP,
          f"gemv_normed: part must be [{t}, nb] (the w2 kernel's sums of squares)")
-    check_tensor(err, OP, "lat", lat, torch.float32, (t, lt), row_strided=True)
+    check_tensor(err, OP, "x", x, torch.bfloat16, (t, k), row_strided=True)
     check_tensor(err, OP, "part", part, torch.float32, (t, part.shape[1]))
-    check_tensor(err, OP, "rest", rest, torch.bfloat16, (t, s), row_strided=True)
-    check_tensor(err, OP, "w", w, torch.bfloat16, (n, lt + s))
+    check_tensor(err, OP, "w", w, torch.bfloat16, (n, k))
     need(out.dtype in (torch.bfloat16, torch.float32), err, OP,
          f"gemv_normed: out must be bf16 or fp32, got {out.dtype}")
     check_tensor(err, OP, "out", out, out.dtype, (t, n), row_strided=True)
-    check_device(err, OP, lat, part, rest, w, out)
-    return t, lt, s
+    check_device(err, OP, x, part, w, out)
+    return t, k
 
 
-def gemv_normed(lat: torch.Tensor, part: torch.Tensor, rest: torch.Tensor, w: torch.Tensor,
-                eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
-    """`out = [rms_norm(lat) | rest] @ w.T` for 1-2 rows (kernel_normed.py): `lat` fp32 [T, L],
-    `part` fp32 [T, nb] with `sum(part[t]) = sum(lat[t]^2)` (the w2 kernel's per-CTA sums),
-    `rest` bf16 [T, S], `w` bf16 [N, L + S]; the norm has no weight, eps inside the rsqrt."""
+def gemv_normed(x: torch.Tensor, latent: int, part: torch.Tensor, w: torch.Tensor, eps: float,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """`out = [rms_norm(x[:, :latent]) | x[:, latent:]] @ w.T` for 1-2 rows (kernel_normed.py):
+    `x` bf16 [T, K] with the un-normalised latent rows first, `part` fp32 [T, nb] with
+    `sum(part[t])` = the latent rows' sum of squares (the w2 kernel's per-CTA sums of its fp32
+    rows), `w` bf16 [N, K]; the norm has no weight, eps inside the rsqrt."""
     if out is None:
-        need(isinstance(lat, torch.Tensor) and isinstance(w, torch.Tensor) and lat.dim() == 2
-             and w.dim() == 2, GemvInputError, OP, "gemv_normed: lat must be [T, L], w [N, K]")
-        out = torch.empty(lat.shape[0], w.shape[0], dtype=torch.bfloat16, device=lat.device)
-    t, lt, s = check_normed_inputs(lat, part, rest, w, out, eps)
-    key = GemvNormedKey(lt, lt + s, part.shape[1], float(eps), t, out.dtype == torch.float32,
+        need(isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() == 2
+             and w.dim() == 2, GemvInputError, OP, "gemv_normed: x must be [T, K], w [N, K]")
+        out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=x.device)
+    t, k = check_normed_inputs(x, latent, part, w, out, eps)
+    key = GemvNormedKey(latent, k, part.shape[1], float(eps), t, out.dtype == torch.float32,
                         target_arch())
     fn = compile_gemv_normed(key)
     import cutlass
 
-    fn(ptr(lat, 16), ptr(part, 4), ptr(rest), ptr(w), ptr(out, 4), cutlass.Int32(w.shape[0]),
-       cutlass.Int32(t), cutlass.Int64(lat.stride(0)), cutlass.Int64(rest.stride(0)),
-       cutlass.Int64(out.stride(0)), stream_of(lat.device))
+    fn(ptr(x), ptr(part, 4), ptr(w), ptr(out, 4), cutlass.Int32(w.shape[0]), cutlass.Int32(t),
+       cutlass.Int64(x.stride(0)), cutlass.Int64(out.stride(0)), stream_of(x.device))
     return out

@@ -347,8 +347,9 @@ def moe_w2_kernel(act: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer,
     warp order (fixed: deterministic, no atomics).
     `norm`: the rows go to the fp32 workspace `ws`, their sum of squares to `part`; the last CTA
     of the token (atomic ticket, as in the router) writes `out[:, :L] = bf16(y * rsqrt(mean(y^2)
-    + eps))` and resets the token's counter. `norm == 2` (deferred): only `ws` and `part`; the
-    tail projection (`gemv_normed`) applies the norm, and no CTA waits on a ticket. `shared > 0`: the CTAs also write
+    + eps))` and resets the token's counter. `norm == 2` (deferred): `out[:, :L] = bf16(y)`
+    and the sums of squares of the fp32 rows in `part`; the tail projection (`gemv_normed`)
+    applies the norm, and no CTA waits on a ticket. `shared > 0`: the CTAs also write
     `out[:, L:L+shared] = bf16(SiTU-GLU(gu[:, :shared], gu[:, shared:]))`.
     """
     cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
@@ -410,9 +411,9 @@ def moe_w2_kernel(act: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer,
         if lane < rows:
             for w in cutlass.range_constexpr(nw):
                 y += red[w * rows + lane]
-            if cutlass.const_expr(norm):
+            if cutlass.const_expr(norm == 1):
                 flat(ws)[tok.to(I64) * latent + rb * rows + lane] = y
-            else:
+            else:  # no norm, or deferred (the tail GEMV scales its latent sum)
                 flat(out)[tok.to(I64) * ld_out + rb * rows + lane] = y.to(BF16)
         if cutlass.const_expr(norm):
             sq = y * y
@@ -478,7 +479,7 @@ def moe_launch(z: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer, w13: cu
                w13_tc: cutlass.Constexpr = False, w13_tc_blk: cutlass.Constexpr = 0):
     """Host side: w13 + SiTU-GLU, then w2 + weighted sum (+ norm / shared SiTU), one stream.
     `w13_tc`: the tensor-core w13 (`moe_w13_tc_kernel`) instead of the SIMT one. `norm`: 0,
-    1 (the w2 kernel normalises) or 2 (it leaves fp32 rows + partial sums of squares)."""
+    1 (the w2 kernel normalises) or 2 (it leaves bf16 rows + partial sums of squares)."""
     if cutlass.const_expr(w13_tc):
         blk = w13_tc_blk if w13_tc_blk else w13_tc_blocks(latent)
         moe_w13_tc_kernel(z, ids, w13, s13, act, ld_z, latent, inter, top_k, n_exp, beta,

@@ -19,10 +19,10 @@ The latent MoE's tail can ride on the w2 kernel (one launch fewer than a separat
 `normalize=True` writes `out[:, :L] = bf16(y * rsqrt(mean(y^2) + eps))` of the fp32 expert sum y
 (RMSNorm without weight; K3 folds the latent norm weight into the up-projection), and
 `gu=[T, 2S]` (bf16 `[gate | up]` of the shared experts) adds `out[:, L:L+S] =
-bf16(SiTU-GLU(gate, up))`; `out` is then `[T, L + S]`. `norm_out=(ws, part)` defers the norm:
-the w2 kernel leaves the fp32 rows in `ws [T, L]` and per-CTA sums of squares in `part [T, L/8]`
-(no ticket, `out[:, :L]` untouched) and `gemv.gemv_normed` applies it inside the tail
-projection. The in-kernel norm needs a per-token ticket counter
+bf16(SiTU-GLU(gate, up))`; `out` is then `[T, L + S]`. `norm_part=part` defers the norm: the w2
+kernel writes the un-normalised rows `out[:, :L] = bf16(y)` and per-CTA sums of squares of the
+fp32 rows in `part [T, L/(8 passes)]` (no ticket, no last-CTA pass) and `gemv.gemv_normed`
+applies the norm inside the tail projection. The in-kernel norm needs a per-token ticket counter
 (int32, zero between launches: the token's last CTA resets it); one per device is kept here,
 `counter=` passes your own. Two launches in flight at once (other streams, concurrent graph
 replays) must not share a counter: a mixed-up ticket elects a wrong last CTA and leaves the
@@ -79,7 +79,7 @@ class MoeKey:
     w2_passes: int = W2_PASSES
     w13_tc: bool = False  # tensor-core w13 (kernel.py: moe_w13_tc_kernel)
     w13_tc_blocks: int = 0  # its scale blocks per warp; 0 = the kernel's choice
-    defer_norm: bool = False  # normalize: leave fp32 rows + partials for `gemv_normed`
+    defer_norm: bool = False  # normalize: leave bf16 rows + partials for `gemv_normed`
 
 
 def check_inputs(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
@@ -157,7 +157,7 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
                 gu: torch.Tensor | None = None, eps: float = 1e-6,
                 counter: torch.Tensor | None = None, w2_passes: int = W2_PASSES,
                 w13_tc: bool = W13_TC, w13_tc_blocks: int = 0,
-                norm_out: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                norm_part: torch.Tensor | None = None) -> torch.Tensor:
     """Run the MXFP4 expert kernels (see the module docstring); returns `out`."""
     for name, v in (("z", z), ("topk_ids", topk_ids), ("w13", w13)):
         need(isinstance(v, torch.Tensor), MoeInputError, OP, f"{name} must be a torch.Tensor")
@@ -182,19 +182,17 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
         check_tensor(MoeInputError, OP, "counter", counter, torch.int32, tuple(counter.shape))
         need(counter.dim() == 1 and counter.numel() >= z.shape[0], MoeInputError, OP,
              f"counter must be int32 [>= {z.shape[0]}] (one per token)")
-    if norm_out is not None:
-        need(normalize and isinstance(norm_out, tuple) and len(norm_out) == 2, MoeInputError,
-             OP, "norm_out=(ws, part) goes with normalize=True")
-        ws, part = norm_out
+    if norm_part is not None:
+        need(normalize, MoeInputError, OP, "norm_part goes with normalize=True")
         tz, lz = z.shape
-        check_tensor(MoeInputError, OP, "ws", ws, torch.float32, (tz, lz))
-        check_tensor(MoeInputError, OP, "part", part, torch.float32, (tz, lz // (8 * w2_passes)))
+        check_tensor(MoeInputError, OP, "norm_part", norm_part, torch.float32,
+                     (tz, lz // (8 * w2_passes)))
     t, lat, inter, k, e = check_inputs(z, topk_w, topk_ids, w13, w13_scale, w2, w2_scale,
                                        out, act, gu, w2_passes)
     dev = z.device
-    if norm_out is not None:  # deferred norm: the caller's fp32 rows + partial sums
-        check_device(MoeInputError, OP, z, ws, part)
-        counter = topk_ids  # not read (compile-time off)
+    if norm_part is not None:  # deferred norm: bf16 rows into out, the caller's partial sums
+        check_device(MoeInputError, OP, z, norm_part)
+        part, ws, counter = norm_part, act, topk_ids  # ws, counter: not read (compile-time off)
     elif normalize:
         if counter is None:
             counter = ticket_counter(OP, dev, MAX_TOKENS)  # one per token
@@ -205,7 +203,7 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
         counter, ws, part = topk_ids, act, act
     fn = compile_moe(MoeKey(lat, inter, k, e, float(beta), float(linear_beta), target_arch(),
                             bool(normalize), shared, float(eps), int(w2_passes),
-                            bool(w13_tc), int(w13_tc_blocks), norm_out is not None))
+                            bool(w13_tc), int(w13_tc_blocks), norm_part is not None))
     import cutlass
 
     g = out if gu is None else gu
