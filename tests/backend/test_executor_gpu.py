@@ -282,30 +282,40 @@ def test_router_front_launch_gives_the_same_step(monkeypatch) -> None:
 @pytest.mark.parametrize("reqs", [1, 2])
 def test_moe_norm_in_the_tail_gemv_matches_the_w2_epilogue(reqs: int, monkeypatch) -> None:
     """At 1-2 tokens the latent RMSNorm runs inside the tail GEMV (`gemv_normed`, default) or in
-    the w2 kernel's ticket epilogue (``K3_DECODE_MOE_NORM=w2``): the same kernel count per layer
-    and the same logits up to the bf16 rounding of the normalised rows (the GEMV path skips it)."""
+    the w2 kernel's ticket epilogue (``K3_DECODE_MOE_NORM=w2``): the same kernel count per layer,
+    and the MoE block on one input agrees with float64 as well either way (compared per block:
+    across a whole step a last-bit difference can flip a near-tied expert in a later layer)."""
     monkeypatch.setenv("K3_DECODE_MOE_NORM", "gemv")
-    _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
+    ref, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
     monkeypatch.setenv("K3_DECODE_MOE_NORM", "w2")
-    w2 = Executor(KernelOps(spec.weights.config, max_context=1024), spec.weights,
-                  spec.caches.clone(), max_tokens=reqs)
+    cfg = spec.weights.config
+    w2 = Executor(KernelOps(cfg, max_context=1024), spec.weights, spec.caches.clone(),
+                  max_tokens=reqs)
     assert spec.ops._norm_in_gemv and not w2.ops._norm_in_gemv
-    a = spec.capture(inp).replay(inp).clone()
-    b = w2.capture(inp).replay(inp).clone()
-    torch.cuda.synchronize()
-    rel = _rel(a, b)
+    ffn = spec.weights.layers[1].ffn  # KDA + MoE
+    g = torch.Generator(device="cuda").manual_seed(11 + reqs)
+    h = torch.randn(reqs, cfg.hidden, device="cuda", generator=g).to(torch.bfloat16)
+    outs = {}
+    for name, ex in (("gemv", spec), ("w2", w2)):
+        o = torch.empty(reqs, cfg.hidden, dtype=torch.bfloat16, device="cuda")
+        outs[name] = ex.ops.moe(ffn, h, o).double()
+    want = ref.ops.moe(ffn, h.double(), torch.empty(reqs, cfg.hidden, dtype=torch.float64,
+                                                   device="cuda"))
+    err = {k: _rel(v, want) for k, v in outs.items()}
     names_a = M.layer_kernels(spec, 1, inp)
     names_b = M.layer_kernels(w2, 1, inp)
-    ok = rel < 2e-2 and len(names_a) == len(names_b) and bool(torch.isfinite(a).all())
-    record_case(op="executor_moe_norm", case=f"tp8-r{reqs} gemv vs w2 epilogue rel={rel:.2e}",
-                dtype="float32", max_abs_err=float((a - b).abs().max()), max_rel_err=rel,
+    ok = (err["gemv"] <= 1.5 * err["w2"] + 1e-3 and err["gemv"] < 2e-2
+          and len(names_a) == len(names_b))
+    record_case(op="executor_moe_norm", case=f"tp8-r{reqs} moe block rel err vs float64: "
+                f"gemv {err['gemv']:.2e}, w2 {err['w2']:.2e}", dtype="bfloat16",
+                max_abs_err=float((outs["gemv"] - want).abs().max()), max_rel_err=err["gemv"],
                 atol=0.0, rtol=2e-2, passed=ok)
-    assert ok, (rel, names_a, names_b)
+    assert ok, (err, names_a, names_b)
     assert any("gemv_normed" in n for n in names_a), names_a
     assert not any("gemv_normed" in n for n in names_b), names_b
     monkeypatch.setenv("K3_DECODE_MOE_NORM", "nope")
     with pytest.raises(ValueError, match="K3_DECODE_MOE_NORM='nope'"):
-        KernelOps(spec.weights.config)
+        KernelOps(cfg)
 
 
 def test_greedy_agreement_over_512_steps() -> None:
