@@ -160,16 +160,21 @@ def _tracked(commit: str) -> list[str]:
             if p]
 
 
+def _moved(*names: str, day: str = "2026-11-29") -> tuple[str, ...]:
+    """Bundle folders `h200-executor-<name>-<day>` (the archives a device run moved out)."""
+    return tuple(f"h200-executor-{n}-{day}" for n in names)
+
+
 @contextlib.contextmanager
 def _worktree(commit: str, moved_archives: tuple[str, ...]) -> Iterator[Path]:
-    """A detached worktree of ``commit`` with the named older bundle archives removed, as they
-    were moved out of the tree to fit the device carry."""
+    """A detached worktree of ``commit`` with the named bundle folders' archives removed, as
+    they were moved out of the tree to fit the device carry."""
     work = Path(tempfile.mkdtemp(prefix=f"k3ft-{commit}-"))
     t = work / "t"
     try:
         assert _git("worktree", "add", "--detach", "-f", str(t), commit).returncode == 0
         for name in moved_archives:
-            (t / f"bundles/h200-executor-{name}-2026-11-29/bundle.tar.gz").unlink()
+            (t / f"bundles/{name}/bundle.tar.gz").unlink()
         yield t
     finally:
         _git("worktree", "remove", "--force", str(t))
@@ -187,7 +192,7 @@ class DeviceRun:
     name: str
     commit: str  # the code that ran
     device_commit: str  # what the bundle names
-    moved: tuple[str, ...]  # older archives moved out of the tree to fit the 64 MiB carry
+    moved: tuple[str, ...]  # bundle folders whose archives were moved out for the 64 MiB carry
 
     @property
     def dir(self) -> Path:
@@ -198,9 +203,12 @@ class DeviceRun:
 
 
 S5 = DeviceRun("h200-executor-s5-2026-11-29", "cd6d66e", "7a43e97",
-               ("perf", "kernels", "s3", "s4", "s4b"))
+               _moved("perf", "kernels", "s3", "s4", "s4b"))
 S6 = DeviceRun("h200-executor-s6-2026-11-30", "9914706", "4dd13a5",
-               ("perf", "kernels", "s3", "s4", "s4b", "s5"))
+               _moved("perf", "kernels", "s3", "s4", "s4b", "s5"))
+S7 = DeviceRun("h200-executor-s7-2026-11-30", "3ecaf0a", "9922658",
+               _moved("perf", "kernels", "s3", "s4", "s4b", "s5")
+               + _moved("s6", day="2026-11-30") + ("cpu-demo-2026-11-29",))
 
 
 def test_h200_session4b_bundle_ran_commit_a88ab5f() -> None:
@@ -224,7 +232,7 @@ def test_h200_session4b_bundle_ran_commit_a88ab5f() -> None:
     assert _archive_json(archive, "reports/proof.json")["status"] == "PASS"
     if not _has_commits("a88ab5f", "529635f"):
         pytest.skip("this clone lacks commits 529635f / a88ab5f (shallow history)")
-    with _worktree("a88ab5f", ("perf", "kernels", "s3", "s4")) as t:
+    with _worktree("a88ab5f", _moved("perf", "kernels", "s3", "s4")) as t:
         assert tree_digest(t, _tracked("529635f")) == env["git"]["tree_digest"]
 
 def test_h200_session5_bundle_ran_commit_cd6d66e() -> None:
@@ -264,7 +272,29 @@ def test_h200_session6_bundle_ran_commit_9914706() -> None:
     assert _archive_json(archive, "verdict.json")["outcome"] == "INCOMPLETE"
 
 
-@pytest.mark.parametrize("run", [S5, S6], ids=lambda r: r.name)
+def test_h200_session7_bundle_ran_commit_3ecaf0a() -> None:
+    """Session 7, run 38 (the latent MoE norm inside the tail GEMV at 1-2 tokens by default, the
+    E2M1 decode with one shift fewer, the opt-in tensor-core w13): kernels PASS (496 cases: the
+    tensor-core w13 against float64 incl. z at 2^+-60 and a zero slice, gemv_normed against
+    float64, the deferred-norm rows and partials, the executor's MoE block with the norm in the
+    GEMV vs in the w2 epilogue), perf and proof PASS (gemv_normed in the candidate traces),
+    isolation NOT_RUN."""
+    archive = S7.dir / "bundle.tar.gz"
+    kernels = _archive_json(archive, "reports/kernels.json")
+    assert kernels["status"] == "PASS" and kernels["failed"] == 0 and kernels["passed"] == 496
+    cases = kernels["cases"]
+    assert sum(c["op"] == "moe_mxfp4" and "/w13tc" in c["case"] for c in cases) == 7
+    assert sum(c["op"] == "gemv" and c["case"].startswith("normed/") for c in cases) == 4
+    assert sum(c["op"] == "executor_moe_norm" and c["passed"] for c in cases) == 2
+    for tier in ("perf", "proof"):
+        assert _archive_json(archive, f"reports/{tier}.json")["status"] == "PASS"
+    assert _archive_json(archive, "verdict.json")["outcome"] == "INCOMPLETE"
+    b1 = _archive_json(archive, "decode-rand-tp1-d0-acc1-b1-in1024-out16/profile-candidate.json")
+    names = [e["name"] for e in b1["traceEvents"] if str(e.get("cat", "")).lower() == "kernel"]
+    assert sum("gemv_normed" in n for n in names) == 4  # the 4 MoE layers' tail projections
+
+
+@pytest.mark.parametrize("run", [S5, S6, S7], ids=lambda r: r.name)
 def test_device_run_changed_paths_are_the_commit_diff(run: DeviceRun) -> None:
     """The bundle names the device's session-start commit (dirty) on an H200: its changed code
     paths are exactly the diff from that commit to the one that ran, plus the older bundle
@@ -274,7 +304,7 @@ def test_device_run_changed_paths_are_the_commit_diff(run: DeviceRun) -> None:
     assert env["git"]["commit"].startswith(run.device_commit) and env["git"]["dirty"]
     changed = env["git"]["changed"]
     archives = {p for p in changed if p.startswith("bundles/")}
-    assert archives == {f"bundles/h200-executor-{n}-2026-11-29/bundle.tar.gz" for n in run.moved}
+    assert archives == {f"bundles/{n}/bundle.tar.gz" for n in run.moved}
     code = {p for p in changed if p not in archives and not p.startswith(KIT_DIRS)}
     if not _has_commits(run.commit, run.device_commit):
         pytest.skip(f"this clone lacks commits {run.device_commit} / {run.commit} (shallow)")
@@ -282,7 +312,7 @@ def test_device_run_changed_paths_are_the_commit_diff(run: DeviceRun) -> None:
     assert code == set(diff)
 
 
-@pytest.mark.parametrize("run", [S5, S6], ids=lambda r: r.name)
+@pytest.mark.parametrize("run", [S5, S6, S7], ids=lambda r: r.name)
 def test_device_run_tree_digest_is_the_commit_that_ran(run: DeviceRun) -> None:
     """The tree digest recomputed from a worktree of the commit that ran: the paths tracked at
     the device commit (the device's index), the files added since (untracked there) and the
