@@ -39,8 +39,9 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # step +1.1% at batch 1 and -0.8 / -0.9% at batches 4 / 8.
     "K3_DECODE_PDL": lambda: os.environ.get("K3_DECODE_PDL", "0") == "1",
     # Where the latent MoE's RMSNorm runs at 1-2 tokens: "gemv" (default) inside the tail
-    # projection (`gemv_normed`: the w2 kernel leaves fp32 rows + partial sums, no ticket),
-    # "w2" in the w2 kernel's ticket epilogue (always so from 3 tokens).
+    # projection (`gemv_normed`: the w2 kernel writes un-normalised bf16 rows + partial sums of
+    # squares, no ticket), "w2" in the w2 kernel's ticket epilogue (always so from 3 tokens and
+    # where `gemv_normed` does not fit, e.g. TP16's shared width 384). NOTES.md session 7.
     "K3_DECODE_MOE_NORM": lambda: os.environ.get("K3_DECODE_MOE_NORM", "gemv"),
 }
 

@@ -33,6 +33,7 @@ compile_gemv(GemvKey(1536, 64, True, arch, "mma", 4))
 compile_gemv(GemvKey(7168, 1, False, arch, "simt", 1, True))  # programmatic dependent launch
 compile_gemv_normed(GemvNormedKey(3584, 4352, 448, 1e-6, 1, False, arch))  # MoE tail + norm
 compile_gemv_normed(GemvNormedKey(3584, 3840, 224, 1e-6, 2, True, arch))
+compile_gemv_normed(GemvNormedKey(3584, 4352, 448, 1e-6, 2, False, arch))  # the executor's T = 2
 compile_router(RouterKey(7168, 896, 16, 8, True, 1.0, arch))
 compile_router(RouterKey(7168, 896, 16, 1, True, 1.0, arch, 3584 + 1536))  # + front rows
 compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch))
@@ -42,7 +43,10 @@ compile_moe(MoeKey(3584, 256, 32, 224, 4.0, 25.0, arch, True, 0, 1e-6))  # 32 sl
 compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 2))  # 16-row corner
 compile_moe(MoeKey(3584, 1024, 8, 896, 4.0, 25.0, arch, True, 0, 1e-6, 1))  # largest I, 8 rows
 compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 1, True))  # tensor-core w13
-compile_moe(MoeKey(3584, 256, 16, 224, 4.0, 25.0, arch, False, 0, 1e-6, 1, True))
+compile_moe(MoeKey(3584, 256, 16, 224, 4.0, 25.0, arch, False, 0, 1e-6, 1, True, 8))
+compile_moe(MoeKey(4096, 384, 16, 896, 4.0, 25.0, arch, False, 0, 1e-6, 1, True, 32))
+compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 1, False, 0, True))
+compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 2, False, 0, True))
 compile_attn_res(AttnResKey(7168, 8, True, True, True, 1e-6, 1e-6, arch))
 print("COMPILED", arch)
 """

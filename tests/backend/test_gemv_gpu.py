@@ -129,11 +129,12 @@ def test_gemv_cuda_graph_replays_new_inputs() -> None:
 
 @pytest.mark.parametrize("n,lat,s,t,strided", [
     (7168, 3584, 768, 1, False), (7168, 3584, 768, 2, True), (7168, 3584, 512, 1, True),
-    (512, 512, 256, 2, False)])
+    (512, 512, 256, 2, False), (7164, 3584, 768, 2, False)])
 def test_gemv_normed_matches_reference(n: int, lat: int, s: int, t: int, strided: bool) -> None:
     """`gemv_normed`: `[rms_norm(x[:, :L]) | x[:, L:]] @ W^T` from bf16 rows and per-CTA partial
     sums of squares (here 8-row chunks of fp32 rows, as the w2 kernel writes them) against
-    float64; strided x rows (a view of a wider buffer)."""
+    float64; strided x rows (a view of a wider buffer); N = 7164: the last CTA's warps past the
+    last row repeat it and store nothing."""
     from backend.k3_decode.ops.gemv import gemv_normed
 
     g = torch.Generator(device="cpu").manual_seed(n + lat + s + t)

@@ -145,14 +145,15 @@ def test_moe_tensor_core_w13(experts: int, inter: int, batch: int, scales: tuple
                              z_scale: float, zero_slice: bool, blocks: int) -> None:
     """The tensor-core w13 (f16 MMA; x scaled per warp by a power of two) against float64:
     every E2M1 code incl. the f16-subnormal 0.5 * 2^-14, wide E8M0 scales, z far outside f16's
-    range both ways, and a 512-value slice of z that is all zero (its warp's scale clamps);
+    range both ways, a stretch of z that is all zero over whole warp slices (their scale
+    clamps);
     K slices of 28 (the default at L = 3584: 3.5 vectors per lane to stage), 16 and 8 blocks."""
     from backend.k3_decode.ops.moe import moe_experts
 
     inp = make_inputs(batch, experts, inter, seed=500 + batch + inter, scales=scales)
     inp["z"] = (inp["z"].float() * z_scale).to(torch.bfloat16)
-    if zero_slice:
-        inp["z"][:, 1024:1536] = 0
+    if zero_slice:  # whole warp slices: warp 1 at 28 blocks (896..1791), warp 2 at 16 (1024..)
+        inp["z"][:, 896:1792] = 0
     out = poison_(torch.empty(inp["z"].shape, dtype=torch.bfloat16, device="cuda"))
     moe_experts(**inp, out=out, w13_tc=True, w13_tc_blocks=blocks)
     ref = reference(inp)

@@ -157,10 +157,27 @@ def test_shared_glu_inputs():
     ({"w2_passes": 4}, "w2_passes=4 must be 1 or 2"),
     ({"eps": float("nan")}, "eps=nan must be a finite number"),
     ({"eps": -1.0}, "eps=-1.0 must be a finite number"),
+    ({"w13_tc_blocks": 16}, "w13_tc_blocks applies to the tensor-core w13 only"),
+    ({"w13_tc": True, "w13_tc_blocks": 7}, "w13_tc_blocks=7 must be 0 .auto. or one of"),
+    ({"w13_tc": True, "w13_tc_blocks": 32}, "w13_tc_blocks=32 must be .* dividing L / 32"),
 ])
 def test_bad_options_raise_before_launch(kwargs, match):
     with pytest.raises(MoeInputError, match=match):
         moe_experts(**{k: v for k, v in good().items() if k not in ("out", "act")}, **kwargs)
+
+
+def test_tensor_core_w13_warp_limit():
+    """The tensor-core w13 runs L / (32 * blocks) warps per CTA: more than 32 is refused before
+    launch (L = 8704 with 8 blocks per warp would be 34 warps), the auto choice at K3's L = 3584
+    is 28 blocks (4 warps) and a valid CPU input stops only at the device check."""
+    from backend.k3_decode.ops.moe.tiling import w13_tc_blocks
+
+    assert w13_tc_blocks(3584) == 28 and w13_tc_blocks(4096) == 32 and w13_tc_blocks(512) == 16
+    kw = {k: v for k, v in good(lat=8704).items() if k not in ("out", "act")}
+    with pytest.raises(MoeInputError, match="would run 34 warps per CTA"):
+        moe_experts(**kw, w13_tc=True, w13_tc_blocks=8)
+    with pytest.raises(MoeInputError, match="needs CUDA tensors"):
+        moe_experts(**kw, w13_tc=True, w13_tc_blocks=16)
 
 
 def test_norm_counter_must_cover_the_tokens():

@@ -13,7 +13,7 @@ inside that one GEMV). With ``side_stream=True`` a separate router runs on a sec
 projection (joined before the experts). With ``pdl`` (``K3_DECODE_PDL=1``) the SIMT GEMVs are
 programmatic dependent launches: their first weight loads go out while the previous kernel
 runs (the MLA op's absorb / combine stay ordinary launches: as PDL launches they cost the MLA
-layer 3.7% at b1, H200 run 28). The MLA layer (13 launches): one fused
+layer 3.7% at b1, H200 run 28; so does ``gemv_normed``, the MoE tail at 1-2 tokens). The MLA layer (13 launches): one fused
 ``q_a|kv_a|k_pe|gate`` projection, one launch for the q_a RMSNorm and the kv RMSNorm + cache
 insert, one q_b projection, the three-kernel MLA decode (reading the gate and q_nope / q_pe as
 row-strided views of those outputs), o_proj.
@@ -35,6 +35,7 @@ from backend.k3_decode.executor.weights import DenseWeights, KdaWeights, MlaWeig
 from backend.k3_decode.ops.gemv.op import normed_fits
 from backend.k3_decode.ops.gemv.op import pick_variant as gemv_variant
 from backend.k3_decode.ops.moe.op import MAX_TOKENS as MOE_MAX_TOKENS
+from backend.k3_decode.ops.moe.op import W2_PASSES
 
 
 def torch_rms_glu_prep(a: torch.Tensor | None, a_weight: torch.Tensor | None,
@@ -201,9 +202,11 @@ class KernelOps:
               and gemv_variant("auto", h.shape[0], *tail.shape) == "simt"):
             # the w2 kernel writes bf16 rows (un-normalised) + partial sums of squares and the
             # shared SiTU into xt; the tail GEMV applies the norm (no ticket, no extra pass)
-            part = torch.empty(h.shape[0], lat // 8, dtype=torch.float32, device=h.device)
+            part = torch.empty(h.shape[0], lat // (8 * W2_PASSES), dtype=torch.float32,
+                               device=h.device)
             self._moe(fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, xt,
-                      normalize=True, gu=fr[:, lat:], norm_part=part, **glu)
+                      normalize=True, gu=fr[:, lat:], norm_part=part, w2_passes=W2_PASSES,
+                      **glu)
             return self._gemv_normed(xt, lat, part, tail, self.cfg.rms_eps, out)
         else:  # the w2 kernel also writes the latent RMSNorm and the shared SiTU into xt
             self._moe(fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, xt,

@@ -240,6 +240,7 @@ def check_normed_inputs(x: torch.Tensor, latent: int, part: torch.Tensor, w: tor
     n = w.shape[0]
     need(1 <= t <= NORMED_MAX_TOKENS, err, OP,
          f"gemv_normed: {t} rows is outside 1..{NORMED_MAX_TOKENS} (SIMT only)")
+    need(k <= MAX_K, err, OP, f"gemv_normed: K={k} exceeds {MAX_K}")
     need(isinstance(latent, int) and normed_fits(t, latent, k - latent), err, OP,
          f"gemv_normed: latent={latent!r} and K - latent={k - latent} must be positive "
          f"multiples of 256 (K = {k})")

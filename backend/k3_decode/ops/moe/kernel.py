@@ -1,6 +1,8 @@
 """MXFP4 routed experts (weight-only 4-bit) for decode in CuTe DSL: w13 -> SiTU-GLU -> w2.
 
-Two kernels, launched back to back by one host function on the caller's stream:
+Two kernels, launched back to back by one host function on the caller's stream (w13 is either
+`moe_w13_kernel` below, SIMT, the default, or `moe_w13_tc_kernel`, tensor cores, opt-in; see
+its docstring and backend/NOTES.md session 7 for why it is not the default):
 
 `moe_w13_kernel`, grid (I / 16, T * k): one CTA per (16 intermediate rows, token-expert pair).
   The token's latent row z (L = 3584 bf16) is staged once in shared memory as fp32 in a
@@ -51,20 +53,12 @@ from backend.k3_decode.ops.gemv.device import (
     situ,
     vec,
 )
+from backend.k3_decode.ops.moe.tiling import CHUNK, w13_tc_blocks
 
 W13_WARPS = 8
 W13_ROWS = 8  # intermediate rows (gate + up pairs) per CTA: one per warp
 F16 = cutlass.Float16
-W13_TC_BLOCKS = (28, 32, 24, 16, 12, 8)  # tensor-core w13: scale blocks per warp, first dividing
-
-
-def w13_tc_blocks(latent: int) -> int:
-    """32-wide scale blocks per warp of the tensor-core w13 (its K slice): the first of
-    W13_TC_BLOCKS that divides L / 32 (28 at L = 3584: 4 warps, 56 weight words per lane in
-    flight; bytes in flight per SM, not issue, bound this kernel on the H200)."""
-    return next(b for b in W13_TC_BLOCKS if (latent // CHUNK) % b == 0)
 W2_SLOT_WARPS = 16  # w2: one warp per expert slot (up to 16; more slots take turns)
-CHUNK = 32  # E2M1 values per 16-byte chunk = one E8M0 scale block
 
 
 def _sw(c):

@@ -13,7 +13,10 @@ shared memory), I <= 1024 (<= 384 with `w2_passes=2`: beyond, ptxas spills), any
 (896, 224, ...), T in 1..64. `act` (fp32 [T*k, I]) is the SiTU workspace (pass one to reuse
 it); `normalize=True` also takes an fp32 [T, L] row workspace and [T, L/8] partial sums from the
 caching allocator on every call, which `torch.cuda.graph` capture serves from the graph's private
-pool.
+pool. `w13_tc=True` runs w13 on tensor cores (`moe_w13_tc_kernel`: f16 MMA, x scaled per warp by
+a power of two; `w13_tc_blocks` = its K slice per warp in scale blocks, 0 = `tiling.py`'s
+choice; at most 32 warps per CTA): correct everywhere tested, slower than the SIMT w13 at 1-2
+tokens and ~4% faster from 8 (H200, NOTES.md session 7), hence opt-in.
 
 The latent MoE's tail can ride on the w2 kernel (one launch fewer than a separate prep kernel):
 `normalize=True` writes `out[:, :L] = bf16(y * rsqrt(mean(y^2) + eps))` of the fp32 expert sum y
@@ -171,6 +174,16 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
         w13_tc_blocks == 0 or (z.shape[1] // 32) % w13_tc_blocks == 0), MoeInputError, OP,
          f"w13_tc_blocks={w13_tc_blocks!r} must be 0 (auto) or one of 8, 12, 16, 24, 28, 32 "
          f"dividing L / 32")
+    need(w13_tc or w13_tc_blocks == 0, MoeInputError, OP,
+         "w13_tc_blocks applies to the tensor-core w13 only (w13_tc=True)")
+    if w13_tc:
+        from backend.k3_decode.ops.moe.tiling import w13_tc_blocks as pick_blocks
+
+        blk = w13_tc_blocks or pick_blocks(z.shape[1])
+        warps = z.shape[1] // (32 * blk)
+        need(warps <= 32, MoeInputError, OP,
+             f"the tensor-core w13 would run {warps} warps per CTA (L={z.shape[1]} / "
+             f"{32 * blk} values per warp); at most 32: pass a larger w13_tc_blocks")
     shared = 0 if gu is None else gu.shape[-1] // 2
     if out is None:
         out = torch.empty(z.shape[0], z.shape[1] + shared, dtype=torch.bfloat16,
