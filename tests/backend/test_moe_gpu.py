@@ -138,7 +138,8 @@ def test_moe_w2_variants(experts: int, inter: int, batch: int, top_k: int, passe
 
 @pytest.mark.parametrize("experts,inter,batch,scales,z_scale,zero_slice,blocks", [
     (896, 384, 1, (118, 124), 1.0, False, 0), (896, 384, 8, (110, 134), 1.0, False, 0),
-    (896, 256, 3, (118, 124), 2.0 ** 60, False, 16), (224, 384, 2, (118, 124), 2.0 ** -60, False, 8),
+    (896, 256, 3, (118, 124), 2.0 ** 60, False, 16),
+    (224, 384, 2, (118, 124), 2.0 ** -60, False, 8),
     (896, 384, 64, (118, 124), 1.0, False, 28), (224, 256, 4, (118, 124), 1.0, True, 0),
     (224, 384, 5, (110, 134), 1.0, True, 16)])
 def test_moe_tensor_core_w13(experts: int, inter: int, batch: int, scales: tuple,

@@ -5,15 +5,16 @@ Per KDA + MoE layer (9 launches at 1-2 tokens, 10 from 3): AttnRes+norm, input p
 (GEMV), fused KDA, o_proj, AttnRes+norm, router + front projection ``[latent down ; shared
 gate_up]`` (one launch while the GEMV would use its SIMT kernel, i.e. 1-2 tokens; from 3 tokens
 the router and the tensor-core front GEMV are two launches; ``K3_DECODE_ROUTER_FRONT=0`` keeps
-them apart always), MXFP4 experts (2: the w2 kernel also writes the shared experts' SiTU-GLU and the latent
-RMSNorm, or, at 1-2 tokens, leaves that norm to the tail projection, ``gemv_normed``, see
-``K3_DECODE_MOE_NORM``; with ``K3_DECODE_PREP=torch`` a torch prep does both instead), tail
-projection ``[up * norm_w | shared down]`` (the routed output and the shared experts are summed
-inside that one GEMV). With ``side_stream=True`` a separate router runs on a second stream beside the front
-projection (joined before the experts). With ``pdl`` (``K3_DECODE_PDL=1``) the SIMT GEMVs are
-programmatic dependent launches: their first weight loads go out while the previous kernel
-runs (the MLA op's absorb / combine stay ordinary launches: as PDL launches they cost the MLA
-layer 3.7% at b1, H200 run 28; so does ``gemv_normed``, the MoE tail at 1-2 tokens). The MLA layer (13 launches): one fused
+them apart always), MXFP4 experts (2: the w2 kernel also writes the shared experts' SiTU-GLU
+and the latent RMSNorm, or, at 1-2 tokens, leaves that norm to the tail projection,
+``gemv_normed``, see ``K3_DECODE_MOE_NORM``; with ``K3_DECODE_PREP=torch`` a torch prep does both
+instead), tail projection ``[up * norm_w | shared down]`` (the routed output and the shared
+experts are summed inside that one GEMV). With ``side_stream=True`` a separate router runs on a
+second stream beside the front projection (joined before the experts). With ``pdl``
+(``K3_DECODE_PDL=1``) the SIMT GEMVs are programmatic dependent launches: their first weight
+loads go out while the previous kernel runs (the MLA op's absorb / combine stay ordinary
+launches: as PDL launches they cost the MLA layer 3.7% at b1, H200 run 28; so does
+``gemv_normed``, the MoE tail at 1-2 tokens). The MLA layer (13 launches): one fused
 ``q_a|kv_a|k_pe|gate`` projection, one launch for the q_a RMSNorm and the kv RMSNorm + cache
 insert, one q_b projection, the three-kernel MLA decode (reading the gate and q_nope / q_pe as
 row-strided views of those outputs), o_proj.

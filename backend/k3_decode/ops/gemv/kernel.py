@@ -31,12 +31,15 @@ def group_size(per_lane: int) -> int:
 @cute.jit
 def row_dot(w_row: cute.Pointer, x: cute.Pointer, ld_x: I64, tok0: I32, n_tok: I32,
             acc: cute.Tensor, k: cutlass.Constexpr, tt: cutlass.Constexpr,
-            pdl: cutlass.Constexpr = False):
-    """acc[t] = lane's partial of W[row] . x[tok0 + t] over its vectors (tokens clamped to T-1).
+            pdl: cutlass.Constexpr = False, acc2: cute.Tensor = None,
+            split: cutlass.Constexpr = 0):
+    """acc[t] = W[row] . x[tok0 + t] over the row (tokens clamped to T-1), warp-reduced.
 
     `pdl` (programmatic dependent launch): the first group of weight loads is issued, then
     `griddepcontrol.wait` holds the warp until the previous kernel on the stream has finished
-    and its writes are visible; only then is x read (x is that kernel's output)."""
+    and its writes are visible; only then is x read (x is that kernel's output).
+    `acc2` (with `split`): the lanes' vector slots from `split` on (columns `256 * split` on)
+    go to `acc2` instead, reduced the same way (`gemv_normed`'s latent | rest sums)."""
     lane = cute.arch.lane_idx()
     nvec = k // VEC
     per_lane = (nvec + 31) // 32
@@ -44,6 +47,8 @@ def row_dot(w_row: cute.Pointer, x: cute.Pointer, ld_x: I64, tok0: I32, n_tok: I
     cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BF16, num_bits_per_copy=128)
     for t in cutlass.range_constexpr(tt):
         acc[t] = F32(0.0)
+        if cutlass.const_expr(acc2 is not None):
+            acc2[t] = F32(0.0)
     for g in cutlass.range_constexpr(per_lane // gs):
         wr = cute.make_rmem_tensor((VEC, gs), BF16)
         for i in cutlass.range_constexpr(gs):
@@ -62,17 +67,22 @@ def row_dot(w_row: cute.Pointer, x: cute.Pointer, ld_x: I64, tok0: I32, n_tok: I
                 if cutlass.const_expr(nvec % 32 == 0):
                     xr = cute.make_rmem_tensor((VEC,), BF16)
                     cute.copy(cp, vec(x + (tok.to(I64) * ld_x + c * VEC), BF16, VEC, 16), xr)
+                    dst = acc if cutlass.const_expr(acc2 is None or g * gs + i < split) else acc2
                     for e in cutlass.range_constexpr(VEC):
-                        acc[t] += wr[e, i].to(F32) * xr[e].to(F32)
+                        dst[t] += wr[e, i].to(F32) * xr[e].to(F32)
                 else:
                     if c < nvec:
                         xr = cute.make_rmem_tensor((VEC,), BF16)
                         cute.copy(cp, vec(x + (tok.to(I64) * ld_x + c * VEC), BF16, VEC, 16),
                                   xr)
+                        dst = (acc if cutlass.const_expr(acc2 is None or g * gs + i < split)
+                               else acc2)
                         for e in cutlass.range_constexpr(VEC):
-                            acc[t] += wr[e, i].to(F32) * xr[e].to(F32)
+                            dst[t] += wr[e, i].to(F32) * xr[e].to(F32)
     for t in cutlass.range_constexpr(tt):
         acc[t] = cute.arch.warp_reduction_sum(acc[t])
+        if cutlass.const_expr(acc2 is not None):
+            acc2[t] = cute.arch.warp_reduction_sum(acc2[t])
 
 
 @cute.jit

@@ -9,9 +9,10 @@ and writes `inv * first + second`, so the norm costs no work per element and the
 what the plain GEMV reads. (The w2-epilogue path rounds `y * inv` to bf16, this one `y`: the
 same relative rounding, different last bits.)
 
-Layout as the SIMT GEMV (`kernel.py`): one warp per weight row, 8 per CTA, each lane reads
-16-byte vectors (8 bf16) of the row and of x at stride 32 vectors; L % 256 == 0 so a lane's
-vector is wholly latent or wholly rest. The CTA's 8 warps each add an eighth of the token's `nb`
+Layout and dot products as the SIMT GEMV (`kernel.py`: `row_dot`, with its second accumulator
+for the vector slots past L / 256): one warp per weight row, 8 per CTA, each lane reads 16-byte
+vectors (8 bf16) of the row and of x at stride 32 vectors; L % 256 == 0 so a lane's vector is
+wholly latent or wholly rest. The CTA's 8 warps each add an eighth of the token's `nb`
 partials and share the sums in shared memory (every warp reading all of them was 12.8 MB of L2
 reads per launch at N = 7168: the kernel took 19.8 us against the plain GEMV's 16.0, H200 run 36).
 """
@@ -23,8 +24,8 @@ import cutlass
 from cutlass import cute
 from cutlass.memory import SmemAllocator
 
-from backend.k3_decode.ops.gemv.device import BF16, F32, I32, I64, flat, vec
-from backend.k3_decode.ops.gemv.kernel import THREADS, VEC, WARPS, group_size
+from backend.k3_decode.ops.gemv.device import F32, I32, I64, flat
+from backend.k3_decode.ops.gemv.kernel import THREADS, VEC, WARPS, row_dot
 
 
 @cute.kernel
@@ -51,47 +52,23 @@ def gemv_normed_kernel(x: cute.Pointer, part: cute.Pointer, w: cute.Pointer, y: 
             if q < nb:
                 ssv[t] += flat(part)[tok * nb + q]
     # a warp past the last row repeats it (no divergence around the barrier); only stores check
-    w_row = w + cutlass.min(row, n_rows - 1).to(I64) * k
-    nvec = k // VEC
-    per_lane = nvec // 32
-    lat_i = latent // (VEC * 32)  # vector slots i < lat_i are latent for every lane
-    gs = group_size(per_lane)
-    cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BF16, num_bits_per_copy=128)
     acc_l = cute.make_rmem_tensor((tt,), F32)
     acc_r = cute.make_rmem_tensor((tt,), F32)
-    for t in cutlass.range_constexpr(tt):
-        acc_l[t] = F32(0.0)
-        acc_r[t] = F32(0.0)
-    for g in cutlass.range_constexpr(per_lane // gs):
-        wr = cute.make_rmem_tensor((VEC, gs), BF16)
-        for i in cutlass.range_constexpr(gs):
-            c = lane + 32 * (g * gs + i)
-            cute.copy(cp, vec(w_row + c * VEC, BF16, VEC, 16), wr[None, i])
-        for t in cutlass.range_constexpr(tt):
-            tok = cutlass.min(tok0 + t, n_tok - 1).to(I64)
-            for i in cutlass.range_constexpr(gs):
-                c = lane + 32 * (g * gs + i)
-                xr = cute.make_rmem_tensor((VEC,), BF16)
-                cute.copy(cp, vec(x + (tok * ld_x + c * VEC), BF16, VEC, 16), xr)
-                for e in cutlass.range_constexpr(VEC):
-                    if cutlass.const_expr(g * gs + i < lat_i):
-                        acc_l[t] += wr[e, i].to(F32) * xr[e].to(F32)
-                    else:
-                        acc_r[t] += wr[e, i].to(F32) * xr[e].to(F32)
+    row_dot(w + cutlass.min(row, n_rows - 1).to(I64) * k, x, ld_x, tok0, n_tok, acc_l, k, tt,
+            acc2=acc_r, split=latent // (VEC * 32))  # slots < L / 256 are latent in every lane
     for t in cutlass.range_constexpr(tt):
         ssv[t] = cute.arch.warp_reduction_sum(ssv[t])
         if lane == 0:
             s_ss[warp * tt + t] = ssv[t]
     cute.arch.barrier()
     for t in cutlass.range_constexpr(tt):
-        a = cute.arch.warp_reduction_sum(acc_l[t])
-        b = cute.arch.warp_reduction_sum(acc_r[t])
         tot = F32(0.0)
         for v in cutlass.range_constexpr(WARPS):
             tot += s_ss[v * tt + t]
         inv = cute.rsqrt(tot * F32(1.0 / latent) + F32(eps))
         if (lane == 0) & (tok0 + t < n_tok) & (row < n_rows):
-            flat(y)[(tok0 + t).to(I64) * ld_y + row] = (inv * a + b).to(y.dtype)
+            o = inv * acc_l[t] + acc_r[t]
+            flat(y)[(tok0 + t).to(I64) * ld_y + row] = o.to(y.dtype)
 
 
 @cute.jit

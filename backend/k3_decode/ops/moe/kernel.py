@@ -185,8 +185,8 @@ def moe_w13_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: c
 
 @cute.jit
 def _stage_x_f16(zrow: cute.Pointer, xw: cute.Tensor, lane, blocks: cutlass.Constexpr):
-    """One warp stages its `32 * blocks`-value slice of x as f16 scaled by 2^k (one k per warp, chosen
-    from the slice's largest exponent so that |x| * 2^k < 2^15: no f16 overflow, and every
+    """One warp stages its `32 * blocks`-value slice of x as f16 scaled by 2^k (one k per warp,
+    chosen from the slice's largest exponent so that |x| * 2^k < 2^15: no f16 overflow, and every
     value within 2^-28 of the largest keeps all its bf16 bits). Storage: for block b and lane
     part t (8 values x0..x7), 16 bytes at (4 b + t) * 8 in the order x0 x4 x1 x5 x2 x6 x3 x7, so
     f16x2 word j is (x_j, x_j+4). Returns 2^-k (folded into the block scales)."""
@@ -244,9 +244,9 @@ def moe_w13_tc_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13
                       linear_beta: cutlass.Constexpr, blocks: cutlass.Constexpr):
     """w13 on tensor cores (mma.sync m16n8k16, f16 in, fp32 accumulate): one CTA per (8
     intermediate rows, token-expert pair), warp w = the K slice of scale blocks
-    [blocks * w, blocks * (w + 1)). The MMA's 16 rows are the 8 gate rows (g) and their 8 up rows (g + 8),
-    so lane (g, 0) ends with both halves of row j0 + g. Thread (g, t) loads word t (8 E2M1
-    values) of every block of its two rows: the 4 lanes of a row cover one 32-value scale
+    [blocks * w, blocks * (w + 1)). The MMA's 16 rows are the 8 gate rows (g) and their 8 up
+    rows (g + 8), so lane (g, 0) ends with both halves of row j0 + g. Thread (g, t) loads word
+    t (8 E2M1 values) of every block of its two rows: the 4 lanes of a row cover one 32-value scale
     block per pair of k-steps, so each block's MMA result is scaled once in fp32. Physical
     values (2s, 2s+4) / (2s+1, 2s+5) of the word play logical k (2t, 2t+1) / (2t+8, 2t+9) in
     k-step s (a dot product does not care about k order; x is stored in the same order).

@@ -50,6 +50,8 @@ from backend.k3_decode.ops.gemv.common import (
     target_arch,
     ticket_counter,
 )
+from backend.k3_decode.ops.moe.tiling import CHUNK, W13_TC_BLOCKS
+from backend.k3_decode.ops.moe.tiling import w13_tc_blocks as pick_w13_tc_blocks
 
 OP = "moe_experts"
 MAX_TOKENS = 64
@@ -170,20 +172,19 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
          f"eps={eps!r} must be a finite number >= 0")
     need(w2_passes in (1, 2), MoeInputError, OP,
          f"w2_passes={w2_passes!r} must be 1 or 2 (8 or 16 rows per w2 CTA; 4 passes spill)")
-    need(w13_tc_blocks in (0, 8, 12, 16, 24, 28, 32) and (
-        w13_tc_blocks == 0 or (z.shape[1] // 32) % w13_tc_blocks == 0), MoeInputError, OP,
-         f"w13_tc_blocks={w13_tc_blocks!r} must be 0 (auto) or one of 8, 12, 16, 24, 28, 32 "
-         f"dividing L / 32")
+    blocks = ", ".join(map(str, sorted(W13_TC_BLOCKS)))
+    need(w13_tc_blocks == 0 or (w13_tc_blocks in W13_TC_BLOCKS
+                                and (z.shape[1] // CHUNK) % w13_tc_blocks == 0),
+         MoeInputError, OP, f"w13_tc_blocks={w13_tc_blocks!r} must be 0 (auto) or one of "
+         f"{blocks} dividing L / {CHUNK}")
     need(w13_tc or w13_tc_blocks == 0, MoeInputError, OP,
          "w13_tc_blocks applies to the tensor-core w13 only (w13_tc=True)")
     if w13_tc:
-        from backend.k3_decode.ops.moe.tiling import w13_tc_blocks as pick_blocks
-
-        blk = w13_tc_blocks or pick_blocks(z.shape[1])
-        warps = z.shape[1] // (32 * blk)
+        blk = w13_tc_blocks or pick_w13_tc_blocks(z.shape[1])
+        warps = z.shape[1] // (CHUNK * blk)
         need(warps <= 32, MoeInputError, OP,
              f"the tensor-core w13 would run {warps} warps per CTA (L={z.shape[1]} / "
-             f"{32 * blk} values per warp); at most 32: pass a larger w13_tc_blocks")
+             f"{CHUNK * blk} values per warp); at most 32: pass a larger w13_tc_blocks")
     shared = 0 if gu is None else gu.shape[-1] // 2
     if out is None:
         out = torch.empty(z.shape[0], z.shape[1] + shared, dtype=torch.bfloat16,
