@@ -43,6 +43,15 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # squares, no ticket), "w2" in the w2 kernel's ticket epilogue (always so from 3 tokens and
     # where `gemv_normed` does not fit, e.g. TP16's shared width 384). NOTES.md session 7.
     "K3_DECODE_MOE_NORM": lambda: os.environ.get("K3_DECODE_MOE_NORM", "gemv"),
+    # "0": the MLA layer's q_a RMSNorm + cache insert stay one launch (`mla_prep`) before the q_b
+    # GEMV at every batch (default: at 1-2 tokens both ride in the q_b projection's launch,
+    # `mla_qb`; NOTES.md session 8).
+    "K3_DECODE_MLA_QB": lambda: os.environ.get("K3_DECODE_MLA_QB", "1") != "0",
+    # "1": the MLA decode's absorb / attention / combine run as one `mla_core_kernel` launch
+    # (stages synced through global counters) where the grid fits on the GPU at once; default
+    # "0": three launches (the one launch was not faster on the H200, NOTES.md session 8). Read
+    # by `mla_decode(fused=None)` at each call and by the executor when its ops are made.
+    "K3_DECODE_MLA_FUSED": lambda: os.environ.get("K3_DECODE_MLA_FUSED", "0"),
 }
 
 

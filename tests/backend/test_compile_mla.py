@@ -47,6 +47,38 @@ def test_pdl_build_compiles_without_spills(arch, variant):
         assert 0 < rep.registers <= 255
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("cache", ["fp8", "bf16"])
+def test_fused_build_is_one_kernel_without_spills(arch, cache):
+    """``fused=True``: absorb, the tensor-core attention and combine as one ``mla_core_kernel``
+    (the three bodies behind a branch on the CTA index)."""
+    _, reports = compile_report(cache, arch, Tiling(), fused=True)
+    assert [r.kernel.split("_kernel")[0].replace("kernel_cutlass_", "") for r in reports] == [
+        "mla_core"], reports
+    (rep,) = reports
+    assert rep.spill_stores == rep.spill_loads == rep.stack_frame == 0, rep
+    assert 0 < rep.registers <= 255
+
+
+@pytest.mark.parametrize("tiling,pdl", [(Tiling(variant="simt"), False), (Tiling(), True)])
+def test_fused_build_refuses_simt_attention_and_pdl(tiling, pdl):
+    from backend.k3_decode.ops.mla.compile import compile_mla_decode
+
+    with pytest.raises(ValueError, match="fused=True needs the tensor-core attention"):
+        compile_mla_decode("fp8", tiling, pdl=pdl, fused=True)
+
+
+def test_core_ctas_counts_the_three_stage_grids():
+    """Absorb and combine: heads x token groups x 4 column blocks each; attention: 16-row groups
+    x splits x requests (K3 TP8 at one token and 16 splits: 48 + 16 + 48)."""
+    from backend.k3_decode.ops.mla.kernel_core import core_ctas
+
+    assert core_ctas(1, 12, 1, 16, 8) == 48 + 16 + 48
+    assert core_ctas(8, 12, 1, 8, 8) == 48 + 8 * 8 + 48
+    assert core_ctas(4, 12, 2, 4, 8) == 2 * 12 * 1 * 4 + 2 * 4 * 4  # 24 rows: two row groups
+    assert core_ctas(9, 6, 1, 1, 8) == 2 * 6 * 2 * 4 + 9
+
+
 def test_parse_ptxas_reads_wrapped_reports():
     text = """ptxas info    : Compiling entry function
           'kernel_a'

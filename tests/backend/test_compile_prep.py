@@ -1,4 +1,4 @@
-"""The prep kernels (`rms_glu_prep`, `mla_kv_insert`, the fused `mla_prep`) compile with no GPU for sm_90a and sm_100a,
+"""The prep kernels (`rms_glu_prep`, `mla_kv_insert`, the fused `mla_prep` and `mla_qb`) compile with no GPU for sm_90a and sm_100a,
 with no register spills and no local-memory stack, for every K3 use and the size corners.
 
 One subprocess per arch compiles the specialisations with `CUTE_DSL_COMPILER_OPT="remarks{ptx}"`
@@ -22,8 +22,9 @@ GLU_SHAPES = [(3584, 768, True), (3584, 384, True), (0, 4224, False), (1536, 0, 
               (16384, 8192, True), (256, 128, False)]
 SCRIPT = f"""
 import sys
-from backend.k3_decode.ops.prep.op import (KvInsertKey, MlaPrepKey, RmsGluKey, compile_kv_insert,
-                                          compile_mla_prep, compile_rms_glu)
+from backend.k3_decode.ops.prep.op import (KvInsertKey, MlaPrepKey, MlaQbKey, RmsGluKey,
+                                          compile_kv_insert, compile_mla_prep, compile_mla_qb,
+                                          compile_rms_glu)
 arch = sys.argv[1]
 for la, inter, w in {GLU_SHAPES}:
     compile_rms_glu(RmsGluKey(la, inter, w, 1e-6, 4.0, 25.0, arch))
@@ -31,6 +32,8 @@ compile_kv_insert(KvInsertKey(True, 1e-6, arch))
 compile_kv_insert(KvInsertKey(False, 1e-6, arch))
 compile_mla_prep(MlaPrepKey(1536, 1e-6, True, 1e-6, arch))
 compile_mla_prep(MlaPrepKey(1536, 1e-6, False, 1e-6, arch))
+for tt, fp8 in ((1, True), (2, True), (1, False)):
+    compile_mla_qb(MlaQbKey(1536, tt, 1e-6, fp8, 1e-6, arch))
 print("COMPILED", arch)
 """
 
@@ -52,8 +55,10 @@ def test_prep_kernels_compile_without_spills(arch: str) -> None:
     fused = [n for n, _ in entries if "mla_prep_kernel" in n]
     assert len(kv) == 2, kv
     assert len(fused) == 2, fused
+    qb = [n for n, _ in entries if "mla_qb_kernel" in n]
+    assert len(qb) == 3, qb
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
-    assert len(spills) == len(entries) == len(GLU_SHAPES) + 4, "missing ptxas resource reports"
+    assert len(spills) == len(entries) == len(GLU_SHAPES) + 7, "missing ptxas resource reports"
     assert all(s == "0" and ld == "0" for s, ld in spills), f"register spills: {spills}"
     stack = re.findall(r"(\d+) bytes stack frame", text)
     assert stack and all(v == "0" for v in stack), f"local-memory stack frame: {stack}"

@@ -226,22 +226,35 @@ def test_kda_moe_layer_kernel_count() -> None:
     assert len(base) > len(names4)
 
 
-def test_mla_moe_layer_kernel_count() -> None:
-    """Kernels one MLA + MoE layer launches: 13 at 1 token (AttnRes x2, q_a|kv_a|gate GEMV, the
-    fused q-norm + cache insert, q_b GEMV, absorb / attend / combine, o_proj, router + front,
-    two expert kernels, tail GEMV), 14 at 4 tokens (router and front apart)."""
+@pytest.mark.parametrize("qb,fused", [("1", "0"), ("0", "0"), ("1", "1")])
+def test_mla_moe_layer_kernel_count(qb: str, fused: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernels one MLA + MoE layer launches at 1 token: 12 by default (AttnRes x2, q_a|kv_a|gate
+    GEMV, the q_b projection with the q norm + cache insert in its launch, absorb / attend /
+    combine, o_proj, router + front, two expert kernels, tail GEMV); one more with
+    `K3_DECODE_MLA_QB=0` (the separate q norm + cache insert launch), two fewer with
+    `K3_DECODE_MLA_FUSED=1` (the one-launch MLA decode). At 4 tokens: the q norm + cache insert
+    launch before the q_b GEMV, router and front apart, and the MLA decode fused only where its
+    grid fits on the GPU at once (14 launches with it apart)."""
+    monkeypatch.setenv("K3_DECODE_MLA_QB", qb)
+    monkeypatch.setenv("K3_DECODE_MLA_FUSED", fused)
     _, _, spec, inp = _three(8, 5, 896, 1, 1, 1024)
     pos = next(i for i, x in enumerate(spec.weights.layers) if x.kind == "mla")
     names = M.layer_kernels(spec, pos, inp)
     _, _, spec4, inp4 = _three(8, 5, 896, 4, 1, 1024)
     names4 = M.layer_kernels(spec4, pos, inp4)
-    ok = len(names) == 13 and len(names4) == 14
-    record_case(op="executor_kernels", case=f"mla_moe_layer spec={len(names)} "
-                f"spec_b4={len(names4)}", dtype="-", max_abs_err=0.0, max_rel_err=0.0, atol=0.0,
-                rtol=0.0, passed=ok)
-    assert len(names) == 13, names
-    assert len(names4) == 14, names4
-    assert sum("mla_prep" in n for n in names) == 1, names
+    want = 10 + (qb == "0") + 2 * (fused == "0")
+    core4 = sum("mla_core" in n for n in names4)
+    ok = len(names) == want and len(names4) == 14 - 2 * core4
+    record_case(op="executor_kernels", case=f"mla_moe_layer qb={qb} fused={fused} "
+                f"spec={len(names)} spec_b4={len(names4)}", dtype="-", max_abs_err=0.0,
+                max_rel_err=0.0, atol=0.0, rtol=0.0, passed=ok)
+    assert len(names) == want, names
+    assert len(names4) == 14 - 2 * core4, names4
+    assert sum("mla_qb" in n for n in names) == (qb == "1"), names
+    assert sum("mla_prep" in n for n in names) == (qb == "0"), names
+    assert sum("mla_core" in n for n in names) == (fused == "1"), names
+    assert sum("mla_prep" in n for n in names4) == 1, names4
+    assert core4 == 0 or fused == "1", names4
 
 
 @pytest.mark.parametrize("profile", ["k3-hopper", "k3-hopper-perf"])
@@ -316,6 +329,43 @@ def test_moe_norm_in_the_tail_gemv_matches_the_w2_epilogue(reqs: int, monkeypatc
     monkeypatch.setenv("K3_DECODE_MOE_NORM", "nope")
     with pytest.raises(ValueError, match="K3_DECODE_MOE_NORM='nope'"):
         KernelOps(cfg)
+
+
+@pytest.mark.parametrize("reqs", [1, 2])
+def test_mla_qb_launch_matches_the_separate_q_norm(reqs: int, monkeypatch) -> None:
+    """At 1-2 tokens the q_a RMSNorm and the cache insert ride in the q_b projection's launch
+    (`mla_qb`, default) or run as one `mla_prep` launch before the q_b GEMV
+    (``K3_DECODE_MLA_QB=0``): the MLA attention block on one input agrees with float64 as well
+    either way (the fused path does not round the normalised row to bf16), one launch fewer."""
+    monkeypatch.setenv("K3_DECODE_MLA_QB", "1")
+    ref, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
+    monkeypatch.setenv("K3_DECODE_MLA_QB", "0")
+    cfg = spec.weights.config
+    apart = Executor(KernelOps(cfg, max_context=1024), spec.weights, spec.caches.clone(),
+                     max_tokens=reqs)
+    assert spec.ops._mla_qb is not None and apart.ops._mla_qb is None
+    layer = next(x for x in spec.weights.layers if x.kind == "mla")
+    g = torch.Generator(device="cuda").manual_seed(21 + reqs)
+    h = torch.randn(reqs, cfg.hidden, device="cuda", generator=g).to(torch.bfloat16)
+    outs = {}
+    for name, ex in (("qb", spec), ("apart", apart)):
+        o = torch.empty(reqs, cfg.hidden, dtype=torch.bfloat16, device="cuda")
+        ex.ops.mla(layer.attn, h, ex.caches.mla[layer.index], inp, o)
+        outs[name] = o.double()
+    want = torch.empty(reqs, cfg.hidden, dtype=torch.float64, device="cuda")
+    ref.ops.mla(layer.attn, h.double(), ref.caches.mla[layer.index], inp, want)
+    err = {k: _rel(v, want) for k, v in outs.items()}
+    pos = spec.weights.layers.index(layer)
+    names_a, names_b = M.layer_kernels(spec, pos, inp), M.layer_kernels(apart, pos, inp)
+    ok = (err["qb"] <= 1.5 * err["apart"] + 1e-3 and err["qb"] < 2e-2
+          and len(names_a) == len(names_b) - 1)
+    record_case(op="executor_mla_qb", case=f"tp8-r{reqs} mla block rel err vs float64: "
+                f"qb {err['qb']:.2e}, apart {err['apart']:.2e}", dtype="bfloat16",
+                max_abs_err=float((outs["qb"] - want).abs().max()), max_rel_err=err["qb"],
+                atol=0.0, rtol=2e-2, passed=ok)
+    assert ok, (err, names_a, names_b)
+    assert any("mla_qb" in n for n in names_a) and not any("mla_prep" in n for n in names_a)
+    assert any("mla_prep" in n for n in names_b) and not any("mla_qb" in n for n in names_b)
 
 
 def test_greedy_agreement_over_512_steps() -> None:

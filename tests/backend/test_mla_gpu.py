@@ -277,3 +277,82 @@ def test_mla_decode_pdl_replays_match_the_plain_launch(q, seq_lens):
                                    out_pdl, reference(ref_in, q), atol, rtol,
                                    REL_FRO[torch.bfloat16])
         assert ok, msg
+
+
+@pytest.mark.parametrize("cache", ["fp8", "bf16"])
+@pytest.mark.parametrize("q,seq_lens,heads", [  # shapes whose grid fits at one CTA per SM
+    (1, [1000], 12), (1, [1], 12), (1, [4096], 6), (1, [300, 900], 6), (2, [700], 12),
+    (4, [513], 12), (1, [0], 12)])
+def test_mla_decode_fused_launch_is_bit_identical_to_three(cache, q, seq_lens, heads):
+    """The one-launch ``mla_core_kernel`` (stages synced through global counters) against the
+    three launches: right after the GEMV that writes q, captured in a CUDA graph and replayed
+    four times on fresh GEMV inputs (a stage reading its input before the previous stage's
+    signal, or counters not reset between launches, would show as a difference or a hang):
+    every replay bit-identical to the three-launch result of the same q, within tolerance of
+    float64, one kernel instead of three, the counters back at zero."""
+    from backend.k3_decode.executor.measure import kernels_in
+    from backend.k3_decode.ops.gemv import gemv
+    from backend.k3_decode.ops.mla import mla_decode
+
+    inp = make_inputs(heads, seq_lens, q, cache, 64, seed=41)
+    t = len(seq_lens) * q
+    g = torch.Generator(device="cuda").manual_seed(7)
+    w_qb = (torch.randn(heads * 192, 1536, generator=g, device="cuda") * 0.03).bfloat16()
+    x = torch.empty(t, 1536, dtype=torch.bfloat16, device="cuda")
+    scale = torch.full((1,), inp["kv_scale"], device="cuda")
+    counter = torch.zeros(4, dtype=torch.int32, device="cuda")
+    fixed = {k: inp[k] for k in ("gate", "kv_cache", "block_table", "seq_lens", "w_uk_t", "w_uv")}
+    out_f, out_3 = (torch.empty_like(inp["gate"]) for _ in range(2))
+    ctx = max(max(seq_lens), 1)
+
+    def step(fused: bool, out: torch.Tensor) -> torch.Tensor:
+        qb = gemv(x, w_qb).view(t, heads, 192)
+        mla_decode(qb[..., :128], qb[..., 128:], **fixed, q_per_request=q, kv_scale=scale,
+                   out=out, max_context=ctx, fused=fused, counter=counter)
+        return qb
+
+    x.copy_(torch.randn(t, 1536, generator=g, device="cuda").bfloat16())
+    def ours(fn) -> list[str]:  # our kernels (not the GEMV, not torch's seq_lens check)
+        return [n for n in kernels_in(fn) if "kernel_cutlass" in n and "gemv" not in n]
+
+    names = ours(lambda: step(True, out_f))
+    assert len(names) == 1 and "mla_core_kernel" in names[0], names
+    names3 = ours(lambda: step(False, out_3))
+    assert len(names3) == 3, names3
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        qb = step(True, out_f)
+    atol, rtol = tolerance(torch.bfloat16)
+    for rep in range(4):
+        x.copy_(torch.randn(t, 1536, generator=g, device="cuda").bfloat16())
+        poison_(out_f)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert int(counter.abs().sum()) == 0, counter
+        got = out_f.clone()
+        step(False, out_3)
+        torch.cuda.synchronize()
+        assert torch.equal(got.view(torch.int16), out_3.view(torch.int16)), f"replay {rep}"
+        want = dict(inp, q_nope=qb[..., :128].contiguous(), q_pe=qb[..., 128:].contiguous())
+        ok, msg = check_and_record(OP, f"fused/q{q}/r{len(seq_lens)}/h{heads}/{cache}/rep{rep}",
+                                   got, reference(want, q), atol, rtol, REL_FRO[torch.bfloat16])
+        assert ok, msg
+
+
+def test_mla_decode_fused_refuses_a_grid_that_does_not_fit(monkeypatch):
+    """``fused=True`` where the grid exceeds one CTA per SM (64 requests) raises before any
+    launch; ``fused=None`` takes the three launches there (even with ``K3_DECODE_MLA_FUSED=1``)."""
+    from backend.k3_decode.executor.measure import kernels_in
+    from backend.k3_decode.ops.mla import MlaInputError, mla_decode
+
+    inp = make_inputs(12, [300] * 64, 1, "fp8", 64, seed=3)
+    kw = {k: inp[k] for k in ("q_nope", "q_pe", "gate", "kv_cache", "block_table", "seq_lens",
+                              "w_uk_t", "w_uv")}
+    with pytest.raises(MlaInputError, match="do not fit on the GPU at once"):
+        mla_decode(**kw, kv_scale=inp["kv_scale"], fused=True)
+    monkeypatch.setenv("K3_DECODE_MLA_FUSED", "1")
+    names = [n for n in kernels_in(lambda: mla_decode(**kw, kv_scale=inp["kv_scale"]))
+             if "kernel_cutlass" in n]
+    assert len(names) == 3 and not any("mla_core" in n for n in names), names

@@ -310,3 +310,70 @@ def test_mla_prep_equals_the_two_ops(r: int, q: int, bs: int, dtype: torch.dtype
     torch.cuda.synchronize()
     assert torch.equal(_codes(kv["kv_cache"].cpu()), _codes(fused_cache))
     assert torch.equal(_codes(glu["out"].cpu()), _codes(fused_q))
+
+
+# ---------------------------------------------------------------- mla_qb (q_b projection fused)
+
+
+@pytest.mark.parametrize("r,q,bs,dtype,kv_scale,pad,n", [
+    (1, 1, 16, F8, 0.05, (), 2304), (2, 1, 64, BF, 1.0, (), 2304), (1, 2, 256, F8, 1.0, (1,), 2304),
+    (2, 1, 32, F8, 0.02, (0,), 1000), (1, 1, 64, F8, 0.5, (), 7)])
+@pytest.mark.parametrize("graph", [False, True])
+def test_mla_qb_matches_float64_and_inserts_like_mla_kv_insert(
+        r: int, q: int, bs: int, dtype: torch.dtype, kv_scale: float, pad: tuple[int, ...], n: int,
+        graph: bool) -> None:
+    """The q_b projection of the normalised q_a row (fp32 inside, one bf16 rounding at the end)
+    against float64 `(rms_norm(q_c) * w) @ W^T`, N = 2304 (K3's 12 heads x 192), a row count
+    that leaves the last CTA's warps idle (1000) and one of 7 rows; the cache insert CTA writes
+    exactly `mla_kv_insert`'s bytes (padding tokens and slots outside untouched); outputs
+    poisoned, strided q_c and out (out's neighbour columns stay NaN), eagerly and as a graph
+    replayed on fresh inputs."""
+    from backend.k3_decode.ops.prep import mla_kv_insert, mla_qb
+
+    t, k = r * q, 1536
+
+    def inputs(seed: int) -> tuple[dict, dict]:
+        kv = kv_case(r, q, bs, dtype, kv_scale, seed=seed, pad_tokens=pad)
+        g = _gen(seed + 50)
+        qc = _rn(g, t, k + 40, scale=2.0)[:, 16:16 + k]
+        qp = {"q_c": qc, "q_norm_w": _rn(g, k, scale=0.2, shift=1.0),
+              "w_qb": _rn(g, n, k, scale=0.05)}
+        return kv, qp
+
+    kv, qp = inputs(1)
+    buf = torch.empty(t, -(-(n + 16) // 8) * 8, dtype=BF, device="cuda")  # 16-byte rows
+    out = buf[:, 8:8 + n]
+    run = lambda: mla_qb(**qp, **kv, q_per_request=q, out=out)  # noqa: E731
+    if graph:
+        run()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            run()
+        new_kv, new_qp = inputs(2)
+        for name in ("kv_c", "k_pe", "kv_norm_w", "block_table", "positions", "kv_scale"):
+            kv[name].copy_(new_kv[name])
+        for name in qp:
+            qp[name].copy_(new_qp[name])
+    poison_(kv["kv_cache"])
+    poison_(buf)
+    torch.cuda.synchronize()
+    before = kv["kv_cache"].cpu().clone()
+    if graph:
+        g.replay()
+    else:
+        run()
+    torch.cuda.synchronize()
+    case = f"mla_qb/t{t}/q{q}/n{n}/bs{bs}/graph{int(graph)}"
+    ref = rms_norm(qp["q_c"].cpu(), qp["q_norm_w"].cpu(), EPS).double() @ \
+        qp["w_qb"].cpu().double().T
+    ok, msg = check_and_record("mla_qb", case, out, ref, *TOLERANCES[BF], REL_FRO[BF])
+    assert ok, msg
+    outside = torch.cat([buf[:, :8], buf[:, 8 + n:]], dim=1)
+    assert bool(outside.isnan().all()), "mla_qb wrote outside out's columns"
+    check_kv(case, kv, before, q)
+    fused_cache = kv["kv_cache"].cpu().clone()
+    kv["kv_cache"].copy_(before.cuda())
+    mla_kv_insert(**kv, q_per_request=q)
+    torch.cuda.synchronize()
+    assert torch.equal(_codes(kv["kv_cache"].cpu()), _codes(fused_cache))

@@ -12,9 +12,12 @@ from backend.k3_decode.ops.prep.op import (
     check_rms_glu,
     compile_kv_insert,
     compile_mla_prep,
+    compile_mla_qb,
     compile_rms_glu,
     mla_kv_insert,
     mla_prep,
+    mla_qb,
+    qb_fits,
     rms_glu_prep,
 )
 
@@ -233,3 +236,44 @@ def test_mla_prep_checks_both_parts_before_compiling(change: dict, match: str) -
     with pytest.raises(PrepInputError, match=match):
         mla_prep(**kw)
     assert compile_mla_prep.cache_info().currsize == compiled, "compiled before the checks"
+
+
+def _mla_qb_kwargs(t: int = 2, q: int = 1) -> dict:
+    kv = kv_inputs(t, q)
+    return {"q_c": torch.zeros(t, 1536, dtype=BF), "q_norm_w": torch.ones(1536, dtype=BF),
+            "w_qb": torch.zeros(2304, 1536, dtype=BF), **kv}
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"q_c": torch.zeros(3, 1536, dtype=BF)}, "3 tokens of width K=1536: mla_qb takes 1..2"),
+    ({"q_c": torch.zeros(2, 1000, dtype=BF)}, "K=1000"),
+    ({"q_norm_w": torch.ones(1024, dtype=BF)}, "q_norm_w must have shape"),
+    ({"w_qb": torch.zeros(2304, 1024, dtype=BF)}, "w_qb must have shape"),
+    ({"w_qb": torch.zeros(2304, dtype=BF)}, "w_qb must be"),
+    ({"q_c": torch.zeros(1, 1536, dtype=BF)}, "q_c has 1 rows, kv_c has 2"),
+    ({"out": torch.zeros(2, 2304, dtype=torch.float32)}, "out must be torch.bfloat16"),
+    ({"out": "kv_c"}, "out overlaps kv_c"),
+    ({"out": "q_c"}, "out overlaps q_c"),
+    ({"kv_scale": torch.ones(2)}, "kv_scale must be a float32 tensor of one element"),
+    ({}, "needs CUDA tensors"),
+])
+def test_mla_qb_checks_every_input_before_compiling(change: dict, match: str) -> None:
+    """The fused q_b projection + cache insert refuses 3+ tokens, widths the SIMT rows do not
+    take, mismatched shapes and an `out` sharing bytes with what the other job reads; nothing
+    compiles first."""
+    kw = _mla_qb_kwargs()
+    kw.update(change)
+    if isinstance(kw.get("out"), str):  # out and q_c / kv_c: overlapping slices of one buffer
+        big = torch.zeros(2, 4000, dtype=BF)
+        kw["out"] = big[:, :2304]
+        kw[change["out"]] = big[:, 2048:3584] if change["out"] == "q_c" else big[:, 1536:2048]
+    compiled = compile_mla_qb.cache_info().currsize
+    with pytest.raises(PrepInputError, match=match):
+        mla_qb(**kw)
+    assert compile_mla_qb.cache_info().currsize == compiled, "compiled before the checks"
+
+
+def test_qb_fits_takes_one_or_two_tokens_of_whole_vector_widths() -> None:
+    assert qb_fits(1, 1536) and qb_fits(2, 1536) and qb_fits(2, 256)
+    assert not qb_fits(3, 1536) and not qb_fits(0, 1536)
+    assert not qb_fits(1, 1000) and not qb_fits(1, 1 << 15)

@@ -14,10 +14,13 @@ second stream beside the front projection (joined before the experts). With ``pd
 (``K3_DECODE_PDL=1``) the SIMT GEMVs are programmatic dependent launches: their first weight
 loads go out while the previous kernel runs (the MLA op's absorb / combine stay ordinary
 launches: as PDL launches they cost the MLA layer 3.7% at b1, H200 run 28; so does
-``gemv_normed``, the MoE tail at 1-2 tokens). The MLA layer (13 launches): one fused
-``q_a|kv_a|k_pe|gate`` projection, one launch for the q_a RMSNorm and the kv RMSNorm + cache
-insert, one q_b projection, the three-kernel MLA decode (reading the gate and q_nope / q_pe as
-row-strided views of those outputs), o_proj.
+``gemv_normed``, the MoE tail at 1-2 tokens). The MLA layer: one fused ``q_a|kv_a|k_pe|gate``
+projection, the q_b projection with the q_a RMSNorm inside and the kv RMSNorm + cache insert in its launch (``mla_qb``; from 3 tokens, or with
+``K3_DECODE_MLA_QB=0``, one ``mla_prep`` launch for both norms and the insert, then the q_b
+GEMV), the MLA decode (reading the gate and q_nope / q_pe as row-strided views of those
+outputs; absorb / attention / combine: three launches, or one, ``mla_core_kernel``, where its
+grid fits on the GPU at once with ``K3_DECODE_MLA_FUSED=1``), o_proj: 12 launches per
+MLA + MoE layer at 1-2 tokens (10 with the one-launch MLA decode).
 Dense layer 0: gate_up, SiTU, down. (An L2 prefetch of the next weight on a third stream was
 measured on the H200 and cost time; it was removed, see backend/NOTES.md session 5.)
 """
@@ -37,6 +40,7 @@ from backend.k3_decode.ops.gemv.op import normed_fits
 from backend.k3_decode.ops.gemv.op import pick_variant as gemv_variant
 from backend.k3_decode.ops.moe.op import MAX_TOKENS as MOE_MAX_TOKENS
 from backend.k3_decode.ops.moe.op import W2_PASSES
+from backend.k3_decode.ops.prep.op import qb_fits
 
 
 def torch_rms_glu_prep(a: torch.Tensor | None, a_weight: torch.Tensor | None,
@@ -86,7 +90,7 @@ class KernelOps:
         from backend.k3_decode.ops.kda import kda_decode
         from backend.k3_decode.ops.mla import mla_decode
         from backend.k3_decode.ops.moe import moe_experts
-        from backend.k3_decode.ops.prep import mla_prep, rms_glu_prep
+        from backend.k3_decode.ops.prep import mla_prep, mla_qb, rms_glu_prep
         from backend.k3_decode.ops.router import route
 
         self.cfg = cfg
@@ -103,6 +107,8 @@ class KernelOps:
         self._kda, self._mla, self._moe = kda_decode, mla_decode, moe_experts
         self._route, self._attn_res, self._prep, self._mla_prep = (route, attn_res_norm,
                                                                    rms_glu_prep, mla_prep)
+        self._mla_qb = mla_qb if envs.K3_DECODE_MLA_QB and not self._torch_prep else None
+        self._mla_fused = None if envs.K3_DECODE_MLA_FUSED == "1" else False  # None: if it fits
         self.max_context = max_context
         self._side = torch.cuda.Stream() if side_stream else None
         self._router_front = envs.K3_DECODE_ROUTER_FRONT
@@ -110,13 +116,14 @@ class KernelOps:
         """Benchmark aid: skip the routed experts (the latent goes straight to the norm)."""
         self._counters: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def counters(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """This instance's ticket counters (router, MoE norm epilogue) on ``dev``: two executors
-        replaying on different streams never share one. Made on the first (eager warm-up) call;
-        the kernels leave them at zero."""
+    def counters(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This instance's ticket counters (router, MoE norm epilogue, the fused MLA decode's
+        stages) on ``dev``: two executors replaying on different streams never share one. Made
+        on the first (eager warm-up) call; the kernels leave them at zero."""
         if dev not in self._counters:
             self._counters[dev] = (torch.zeros(4, dtype=torch.int32, device=dev),
-                                   torch.zeros(MOE_MAX_TOKENS, dtype=torch.int32, device=dev))
+                                   torch.zeros(MOE_MAX_TOKENS, dtype=torch.int32, device=dev),
+                                   torch.zeros(4, dtype=torch.int32, device=dev))
         return self._counters[dev]
 
     @property
@@ -158,24 +165,33 @@ class KernelOps:
         proj = self._gemv(h, w.qkv_a_g)  # one GEMV; the MLA op reads the gate rows in place
         q_c, kv_c, k_pe, gate = proj.split([m.q_lora_rank, m.kv_lora_rank, rope,
                                             nh * m.v_head_dim], dim=-1)
-        qn = torch.empty(t, m.q_lora_rank, dtype=h.dtype, device=h.device)
-        # q_a RMSNorm + kv RMSNorm / cache insert: one launch
-        self._mla_prep(q_c, w.q_a_norm, qn, kv_c, k_pe, w.kv_a_norm, cache.kv_cache,
-                       inp.block_table, inp.positions, cache.kv_scale, q_per_request=inp.q,
-                       eps=m.norm_eps, q_eps=m.norm_eps)
-        qb = self._gemv(qn, w.q_b).view(t, nh, nope + rope)  # per head [nope | rope], one GEMV
+        if (self._mla_qb is not None and qb_fits(t, m.q_lora_rank)
+                and gemv_variant("auto", t, *w.q_b.shape) == "simt"):
+            # q_b projection of the normalised q_a row + kv RMSNorm / cache insert: one launch
+            qb = self._mla_qb(q_c, w.q_a_norm, w.q_b, kv_c, k_pe, w.kv_a_norm, cache.kv_cache,
+                              inp.block_table, inp.positions, cache.kv_scale,
+                              q_per_request=inp.q, eps=m.norm_eps, q_eps=m.norm_eps)
+        else:
+            qn = torch.empty(t, m.q_lora_rank, dtype=h.dtype, device=h.device)
+            # q_a RMSNorm + kv RMSNorm / cache insert: one launch
+            self._mla_prep(q_c, w.q_a_norm, qn, kv_c, k_pe, w.kv_a_norm, cache.kv_cache,
+                           inp.block_table, inp.positions, cache.kv_scale, q_per_request=inp.q,
+                           eps=m.norm_eps, q_eps=m.norm_eps)
+            qb = self._gemv(qn, w.q_b)
+        qb = qb.view(t, nh, nope + rope)  # per head [nope | rope]
         q_nope, q_pe = qb[..., :nope], qb[..., nope:]
         o = self._mla(q_nope, q_pe, gate, cache.kv_cache, inp.block_table, inp.seq_lens,
                       w.w_uk_t, w.w_uv, q_per_request=inp.q, kv_scale=cache.kv_scale,
                       softmax_scale=m.softmax_scale, max_context=self.max_context,
-                      check_lengths=False)
+                      check_lengths=False, counter=self.counters(h.device)[2],
+                      fused=self._mla_fused)
         return self._gemv(o, w.o_proj, out)
 
     def moe(self, w: MoeWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Router (optionally on the side stream), front GEMV, MXFP4 experts, prep, tail GEMV."""
         mo, lat = self.cfg.moe, self.cfg.moe.latent_dim
         front, tail = w.packed()
-        c_route, c_moe = self.counters(h.device)
+        c_route, c_moe, _ = self.counters(h.device)
         if self._router_front and gemv_variant("auto", h.shape[0], *front.shape) == "simt":
             # the front GEMV would run SIMT rows: they ride in the router's launch
             wts, ids, _, fr = self._route(h, w.gate_w, w.bias, mo.top_k,

@@ -29,17 +29,49 @@ def group_size(per_lane: int) -> int:
 
 
 @cute.jit
+def _load_group(row: cute.Pointer, dst: cute.Tensor, lane: I32, g0: cutlass.Constexpr,
+                gs: cutlass.Constexpr, nvec: cutlass.Constexpr):
+    """dst[:, i] = the lane's 16-byte vector `lane + 32 (g0 + i)` of `row` (i < gs), all issued
+    before any use; vectors past the row (`nvec`) are left alone."""
+    cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BF16, num_bits_per_copy=128)
+    for i in cutlass.range_constexpr(gs):
+        c = lane + 32 * (g0 + i)
+        if cutlass.const_expr(nvec % 32 == 0):
+            cute.copy(cp, vec(row + c * VEC, BF16, VEC, 16), dst[None, i])
+        else:
+            if c < nvec:
+                cute.copy(cp, vec(row + c * VEC, BF16, VEC, 16), dst[None, i])
+
+
+@cute.jit
+def _fma_vec(dst: cute.Tensor, t: cutlass.Constexpr, wr: cute.Tensor, i: cutlass.Constexpr,
+             xr: cute.Tensor, gr: cute.Tensor, ss: cute.Tensor):
+    """dst[t] += W . x over one 8-value vector (fp32); with `gr`, x is x * gr and ss[t] gets
+    sum(x^2)."""
+    for e in cutlass.range_constexpr(VEC):
+        if cutlass.const_expr(gr is None):
+            dst[t] += wr[e, i].to(F32) * xr[e].to(F32)
+        else:
+            xv = xr[e].to(F32)
+            ss[t] += xv * xv
+            dst[t] += wr[e, i].to(F32) * (xv * gr[e, i].to(F32))
+
+
+@cute.jit
 def row_dot(w_row: cute.Pointer, x: cute.Pointer, ld_x: I64, tok0: I32, n_tok: I32,
             acc: cute.Tensor, k: cutlass.Constexpr, tt: cutlass.Constexpr,
             pdl: cutlass.Constexpr = False, acc2: cute.Tensor = None,
-            split: cutlass.Constexpr = 0):
+            split: cutlass.Constexpr = 0, xw: cute.Pointer = None, ss: cute.Tensor = None):
     """acc[t] = W[row] . x[tok0 + t] over the row (tokens clamped to T-1), warp-reduced.
 
     `pdl` (programmatic dependent launch): the first group of weight loads is issued, then
     `griddepcontrol.wait` holds the warp until the previous kernel on the stream has finished
     and its writes are visible; only then is x read (x is that kernel's output).
     `acc2` (with `split`): the lanes' vector slots from `split` on (columns `256 * split` on)
-    go to `acc2` instead, reduced the same way (`gemv_normed`'s latent | rest sums)."""
+    go to `acc2` instead, reduced the same way (`gemv_normed`'s latent | rest sums).
+    `xw` (with `ss`): x is multiplied elementwise by the bf16 vector `xw [K]` (an RMSNorm
+    weight) in fp32, and `ss[t]` = sum(x[tok0 + t]^2) over the row (warp-reduced): the caller
+    scales `acc` by its rsqrt (`mla_qb`: the q_a RMSNorm inside the q_b projection)."""
     lane = cute.arch.lane_idx()
     nvec = k // VEC
     per_lane = (nvec + 31) // 32
@@ -49,40 +81,41 @@ def row_dot(w_row: cute.Pointer, x: cute.Pointer, ld_x: I64, tok0: I32, n_tok: I
         acc[t] = F32(0.0)
         if cutlass.const_expr(acc2 is not None):
             acc2[t] = F32(0.0)
+        if cutlass.const_expr(xw is not None):
+            ss[t] = F32(0.0)
     for g in cutlass.range_constexpr(per_lane // gs):
+        g0 = g * gs  # the group's first vector slot
         wr = cute.make_rmem_tensor((VEC, gs), BF16)
-        for i in cutlass.range_constexpr(gs):
-            c = lane + 32 * (g * gs + i)
-            if cutlass.const_expr(nvec % 32 == 0):
-                cute.copy(cp, vec(w_row + c * VEC, BF16, VEC, 16), wr[None, i])
-            else:
-                if c < nvec:
-                    cute.copy(cp, vec(w_row + c * VEC, BF16, VEC, 16), wr[None, i])
-        if cutlass.const_expr(pdl and g == 0):
+        _load_group(w_row, wr, lane, g0, gs, nvec)
+        gr = None
+        if cutlass.const_expr(xw is not None):  # the norm weight (L1 / L2 after one warp)
+            gr = cute.make_rmem_tensor((VEC, gs), BF16)
+            _load_group(xw, gr, lane, g0, gs, nvec)
+        if cutlass.const_expr(pdl and g0 == 0):
             cute.arch.griddepcontrol_wait()
         for t in cutlass.range_constexpr(tt):
             tok = cutlass.min(tok0 + t, n_tok - 1)
             for i in cutlass.range_constexpr(gs):
-                c = lane + 32 * (g * gs + i)
+                c = lane + 32 * (g0 + i)
                 if cutlass.const_expr(nvec % 32 == 0):
                     xr = cute.make_rmem_tensor((VEC,), BF16)
                     cute.copy(cp, vec(x + (tok.to(I64) * ld_x + c * VEC), BF16, VEC, 16), xr)
-                    dst = acc if cutlass.const_expr(acc2 is None or g * gs + i < split) else acc2
-                    for e in cutlass.range_constexpr(VEC):
-                        dst[t] += wr[e, i].to(F32) * xr[e].to(F32)
+                    dst = acc if cutlass.const_expr(acc2 is None or g0 + i < split) else acc2
+                    _fma_vec(dst, t, wr, i, xr, gr, ss)
                 else:
                     if c < nvec:
                         xr = cute.make_rmem_tensor((VEC,), BF16)
                         cute.copy(cp, vec(x + (tok.to(I64) * ld_x + c * VEC), BF16, VEC, 16),
                                   xr)
-                        dst = (acc if cutlass.const_expr(acc2 is None or g * gs + i < split)
+                        dst = (acc if cutlass.const_expr(acc2 is None or g0 + i < split)
                                else acc2)
-                        for e in cutlass.range_constexpr(VEC):
-                            dst[t] += wr[e, i].to(F32) * xr[e].to(F32)
+                        _fma_vec(dst, t, wr, i, xr, gr, ss)
     for t in cutlass.range_constexpr(tt):
         acc[t] = cute.arch.warp_reduction_sum(acc[t])
         if cutlass.const_expr(acc2 is not None):
             acc2[t] = cute.arch.warp_reduction_sum(acc2[t])
+        if cutlass.const_expr(xw is not None):
+            ss[t] = cute.arch.warp_reduction_sum(ss[t])
 
 
 @cute.jit

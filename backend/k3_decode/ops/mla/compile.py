@@ -23,6 +23,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_ptr
 
+from backend.k3_decode.ops.mla import kernel_core as kc
 from backend.k3_decode.ops.mla import kernels as k
 from backend.k3_decode.ops.mla import kernels_mma as km
 
@@ -56,8 +57,10 @@ class Tiling:
 
     @property
     def min_chunk(self) -> int:
-        """Shortest split: fewer splits mean less partial-output traffic."""
-        return 512 if self.variant == "mma" else 256
+        """Shortest split: fewer splits mean less partial-output traffic. Tensor cores: 256
+        (H200, NOTES.md session 8: one request at 32k, 128 splits of 256 tokens 40.0 us per
+        MLA decode vs 64 of 512 47.8; it changes only 1-2 requests at 8k-64k contexts)."""
+        return 256
 
     @property
     def min_ctas(self) -> int:
@@ -89,6 +92,7 @@ def launch_mla_decode(
     q_lat: cute.Pointer,
     o_part: cute.Pointer,
     lse_part: cute.Pointer,
+    ctr: cute.Pointer,
     n_req: cutlass.Int32,
     n_heads: cutlass.Int32,
     q_len: cutlass.Int32,
@@ -109,33 +113,47 @@ def launch_mla_decode(
     tokens_per_cta: cutlass.Constexpr,
     variant: cutlass.Constexpr,
     pdl: cutlass.Constexpr = False,
+    fused: cutlass.Constexpr = False,
 ):
     """Launch absorb -> split-KV attend -> combine/W_UV/gate on ``stream``; with ``pdl`` absorb
-    and combine are programmatic dependent launches (weights loaded before they wait)."""
+    and combine are programmatic dependent launches (weights loaded before they wait); with
+    ``fused`` (tensor-core attention only) all three run as one ``mla_core_kernel`` launch that
+    syncs its stages through the int32 counters at ``ctr``."""
     n_tokens = n_req * q_len
     token_groups = (n_tokens + tokens_per_cta - 1) // tokens_per_cta
-    k.absorb_kernel(
-        q_nope, q_pe, w_uk_t, kv_scale, q_lat, n_tokens, n_heads, qn_ts, qn_hs, qp_ts, qp_hs,
-        softmax_scale, tokens_per_cta, pdl
-    ).launch(grid=(n_heads, token_groups, 4), block=(k.ABSORB_THREADS, 1, 1), stream=stream,
-             use_pdl=pdl)
-    if cutlass.const_expr(variant == "mma"):
-        km.attend_mma_kernel(
-            q_lat, cache, block_table, seq_lens, o_part, lse_part, n_req, n_heads, q_len,
-            bt_stride, block_size, chunk, max_context,
-        ).launch(grid=((q_len * n_heads + km.M_TILE - 1) // km.M_TILE, n_splits, n_req),
-                 block=(km.THREADS, 1, 1), stream=stream)
+    if cutlass.const_expr(fused):
+        row_groups = (q_len * n_heads + km.M_TILE - 1) // km.M_TILE
+        n_ctas = 2 * n_heads * token_groups * 4 + row_groups * n_splits * n_req
+        kc.mla_core_kernel(
+            q_nope, q_pe, w_uk_t, kv_scale, cache, block_table, seq_lens, gate, w_uv, out,
+            q_lat, o_part, lse_part, ctr, n_req, n_heads, q_len, bt_stride, block_size, chunk,
+            max_context, n_splits, qn_ts, qn_hs, qp_ts, qp_hs, gate_ts, softmax_scale,
+            token_groups, row_groups, tokens_per_cta,
+        ).launch(grid=(n_ctas, 1, 1), block=(km.THREADS, 1, 1), stream=stream,
+                 smem_merge_branch_allocs=True)  # one stage per CTA: its smem is reused
     else:
-        k.attend_kernel(
-            q_lat, cache, block_table, seq_lens, o_part, lse_part, n_req, n_heads, q_len,
-            bt_stride, block_size, chunk, max_context, rows, unroll,
-        ).launch(grid=((q_len * n_heads + rows - 1) // rows, n_splits, n_req),
-                 block=(k.ATTN_THREADS, 1, 1), stream=stream)
-    k.combine_kernel(
-        o_part, lse_part, w_uv, gate, kv_scale, out, n_tokens, n_heads, gate_ts, n_splits,
-        tokens_per_cta, pdl
-    ).launch(grid=(n_heads, token_groups, 4), block=(k.COMBINE_THREADS, 1, 1), stream=stream,
-             use_pdl=pdl)
+        k.absorb_kernel(
+            q_nope, q_pe, w_uk_t, kv_scale, q_lat, n_tokens, n_heads, qn_ts, qn_hs, qp_ts, qp_hs,
+            softmax_scale, tokens_per_cta, pdl
+        ).launch(grid=(n_heads, token_groups, 4), block=(k.ABSORB_THREADS, 1, 1), stream=stream,
+                 use_pdl=pdl)
+        if cutlass.const_expr(variant == "mma"):
+            km.attend_mma_kernel(
+                q_lat, cache, block_table, seq_lens, o_part, lse_part, n_req, n_heads, q_len,
+                bt_stride, block_size, chunk, max_context,
+            ).launch(grid=((q_len * n_heads + km.M_TILE - 1) // km.M_TILE, n_splits, n_req),
+                     block=(km.THREADS, 1, 1), stream=stream)
+        else:
+            k.attend_kernel(
+                q_lat, cache, block_table, seq_lens, o_part, lse_part, n_req, n_heads, q_len,
+                bt_stride, block_size, chunk, max_context, rows, unroll,
+            ).launch(grid=((q_len * n_heads + rows - 1) // rows, n_splits, n_req),
+                     block=(k.ATTN_THREADS, 1, 1), stream=stream)
+        k.combine_kernel(
+            o_part, lse_part, w_uv, gate, kv_scale, out, n_tokens, n_heads, gate_ts, n_splits,
+            tokens_per_cta, pdl
+        ).launch(grid=(n_heads, token_groups, 4), block=(k.COMBINE_THREADS, 1, 1), stream=stream,
+                 use_pdl=pdl)
 
 
 def _fake_ptr(dtype: type[cutlass.Numeric]) -> cute.Pointer:
@@ -147,19 +165,23 @@ def _compile_args(cache_dtype: str) -> list[object]:
     bf16, f32, i32 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32
     ptrs = [_fake_ptr(t) for t in (bf16, bf16, bf16, f32)]
     ptrs += [_fake_ptr(CACHE_DTYPES[cache_dtype]), _fake_ptr(i32), _fake_ptr(i32)]
-    ptrs += [_fake_ptr(t) for t in (bf16, bf16, bf16, f32, f32, f32)]
+    ptrs += [_fake_ptr(t) for t in (bf16, bf16, bf16, f32, f32, f32, i32)]
     ints = [i32(1)] * 13
     return [*ptrs, *ints, cutlass.Float32(1.0), cuda.CUstream(0)]
 
 
 def compile_mla_decode(cache_dtype: str, tiling: Tiling, options: str | None = None,
-                       pdl: bool = False) -> object:
+                       pdl: bool = False, fused: bool = False) -> object:
     """Compile the launcher for one cache dtype and tiling (no GPU needed); ``pdl``: absorb and
-    combine as programmatic dependent launches."""
+    combine as programmatic dependent launches; ``fused``: the one-launch ``mla_core_kernel``
+    (tensor-core attention only, not with ``pdl``)."""
     if cache_dtype not in CACHE_DTYPES:
         raise ValueError(f"cache dtype must be one of {sorted(CACHE_DTYPES)}, got {cache_dtype!r}")
+    if fused and (pdl or tiling.variant != "mma"):
+        raise ValueError("fused=True needs the tensor-core attention (variant 'mma') and no pdl")
     args = _compile_args(cache_dtype)
-    consts = (tiling.rows, tiling.unroll, tiling.tokens_per_cta, tiling.variant, bool(pdl))
+    consts = (tiling.rows, tiling.unroll, tiling.tokens_per_cta, tiling.variant, bool(pdl),
+              bool(fused))
     if options:
         return cute.compile(launch_mla_decode, *args, *consts, options=options)
     return cute.compile(launch_mla_decode, *args, *consts)
@@ -167,9 +189,9 @@ def compile_mla_decode(cache_dtype: str, tiling: Tiling, options: str | None = N
 
 @functools.cache
 def compiled_mla_decode(cache_dtype: str, tiling: Tiling = DEFAULT_TILING,
-                        pdl: bool = False) -> object:
+                        pdl: bool = False, fused: bool = False) -> object:
     """Cached compile for the current device (the DSL detects the GPU's arch)."""
-    return compile_mla_decode(cache_dtype, tiling, pdl=pdl)
+    return compile_mla_decode(cache_dtype, tiling, pdl=pdl, fused=fused)
 
 
 @dataclass(frozen=True)
@@ -227,12 +249,12 @@ def _capture_fds(sink: io.StringIO) -> Iterator[None]:
 
 
 def compile_report(cache_dtype: str, arch: str, tiling: Tiling = DEFAULT_TILING,
-                   pdl: bool = False) -> tuple[object, list[PtxasReport]]:
+                   pdl: bool = False, fused: bool = False) -> tuple[object, list[PtxasReport]]:
     """Compile for ``arch`` with ptxas remarks on; return the object and per-kernel usage."""
     if arch not in ARCHES:
         raise ValueError(f"arch must be one of {ARCHES}, got {arch!r}")
     buf = io.StringIO()
     with _capture_fds(buf):
         obj = compile_mla_decode(cache_dtype, tiling, options=f"--gpu-arch {arch} remarks{{ptx}}",
-                                 pdl=pdl)
+                                 pdl=pdl, fused=fused)
     return obj, parse_ptxas(buf.getvalue())

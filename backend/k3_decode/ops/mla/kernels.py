@@ -73,8 +73,11 @@ def _exp2(x: cutlass.Float32) -> cutlass.Float32:
 # ---------------------------------------------------------------------------------------
 # 1. absorb
 # ---------------------------------------------------------------------------------------
-@cute.kernel
-def absorb_kernel(
+@cute.jit
+def absorb_body(
+    h: cutlass.Int32,
+    tg: cutlass.Int32,
+    cb: cutlass.Int32,
     q_nope: cute.Pointer,  # bf16 [T, H, 128], element (t, h, d) at t * qn_ts + h * qn_hs + d
     q_pe: cute.Pointer,  # bf16 [T, H, 64], element (t, h, d) at t * qp_ts + h * qp_hs + d
     w_uk_t: cute.Pointer,  # bf16 [H, 128, 512]
@@ -90,7 +93,7 @@ def absorb_kernel(
     tokens_per_cta: cutlass.Constexpr,
     pdl: cutlass.Constexpr = False,
 ):
-    """One CTA per (head, token group, 128-column block). Warp ``w`` sums the 32 rows
+    """CTA (``h``, ``tg``, ``cb``): one (head, token group, 128-column block). Warp ``w`` sums the 32 rows
     ``32w .. 32w + 31`` of ``W_UK_T[h]``, lane ``l`` four adjacent columns (one 8-byte load per
     row, all 32 issued into registers before anything else); the four warps' partial sums meet
     in shared memory. ``pdl`` (programmatic dependent launch): the weight loads go out, then
@@ -98,7 +101,6 @@ def absorb_kernel(
     tidx, _, _ = cute.arch.thread_idx()
     lane = tidx % 32
     warp = tidx // 32
-    h, tg, cb = cute.arch.block_idx()
     w_base = h * (D_NOPE * D_LAT) + cb * ABSORB_COLS + lane * 4
     k0 = warp * (D_NOPE // ABSORB_WARPS)
     w_rows = []  # this lane's W_UK_T values (does not depend on the previous kernel)
@@ -149,6 +151,45 @@ def absorb_kernel(
                 g_out[base + D_LAT + tidx] = (
                     g_pe[t * qp_ts + h * qp_hs + tidx].to(cutlass.Float32) * qscale
                 )
+
+
+@cute.kernel
+def absorb_kernel(q_nope: cute.Pointer, q_pe: cute.Pointer, w_uk_t: cute.Pointer,
+                  kv_scale: cute.Pointer, q_lat: cute.Pointer, n_tokens: cutlass.Int32,
+                  n_heads: cutlass.Int32, qn_ts: cutlass.Int32, qn_hs: cutlass.Int32,
+                  qp_ts: cutlass.Int32, qp_hs: cutlass.Int32, softmax_scale: cutlass.Float32,
+                  tokens_per_cta: cutlass.Constexpr, pdl: cutlass.Constexpr = False):
+    """``absorb_body`` on grid (head, token group, 128-column block)."""
+    h, tg, cb = cute.arch.block_idx()
+    absorb_body(h, tg, cb, q_nope, q_pe, w_uk_t, kv_scale, q_lat, n_tokens, n_heads, qn_ts,
+                qn_hs, qp_ts, qp_hs, softmax_scale, tokens_per_cta, pdl)
+
+
+@cute.jit
+def wait_count(ctr: cute.Pointer, target: cutlass.Int32):
+    """Hold the CTA until the int32 at ``ctr`` reaches ``target`` (thread 0 polls it with
+    acquire loads at GPU scope), then fence, so that what the counted CTAs wrote before their
+    ``signal_count`` is visible to every thread of this one (``mla_core_kernel``)."""
+    tidx, _, _ = cute.arch.thread_idx()
+    if tidx == 0:
+        v = cute.arch.load(ctr, cutlass.Int32, sem="acquire", scope="gpu")
+        while v < target:
+            v = cute.arch.load(ctr, cutlass.Int32, sem="acquire", scope="gpu")
+    cute.arch.sync_threads()
+    cute.arch.fence_acq_rel_gpu()
+
+
+@cute.jit
+def signal_count(ctr: cute.Pointer) -> cutlass.Int32:
+    """Every thread fences its global stores, then thread 0 adds one to the int32 at ``ctr``
+    (acq_rel, GPU scope) and returns the value before (other threads: -1)."""
+    tidx, _, _ = cute.arch.thread_idx()
+    cute.arch.fence_acq_rel_gpu()
+    cute.arch.sync_threads()
+    old = cutlass.Int32(-1)
+    if tidx == 0:
+        old = cute.arch.atomic_add(ctr, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+    return old
 
 
 # ---------------------------------------------------------------------------------------
@@ -330,8 +371,11 @@ def _merge_token(g_lse: cute.Tensor, o_part: cute.Pointer, s_lat: cute.Tensor, r
 # ---------------------------------------------------------------------------------------
 # 3. combine + W_UV + gate
 # ---------------------------------------------------------------------------------------
-@cute.kernel
-def combine_kernel(
+@cute.jit
+def combine_body(
+    h: cutlass.Int32,
+    tg: cutlass.Int32,
+    cb: cutlass.Int32,
     o_part: cute.Pointer,  # f32 [splits, T * H, 512]
     lse_part: cute.Pointer,  # f32 [splits, T * H]
     w_uv: cute.Pointer,  # bf16 [H, 512, 128]
@@ -344,8 +388,11 @@ def combine_kernel(
     n_splits: cutlass.Int32,
     tokens_per_cta: cutlass.Constexpr,
     pdl: cutlass.Constexpr = False,
+    wait_ctr: cute.Pointer = None,
+    wait_target: cutlass.Int32 = 0,
 ):
-    """One CTA per (head, token group, 32 output columns): merge splits, W_UV, scale, gate.
+    """CTA (``h``, ``tg``, ``cb``): one (head, token group, 32 output columns): merge splits,
+    W_UV, scale, gate.
 
     Split merge (``_merge_token``, 16-byte partial loads): with fewer tokens in the group than
     warps, the four warps merge each token together (warp ``w`` latent dims ``128 w ..``; one
@@ -355,11 +402,11 @@ def combine_kernel(
     load per row, all in flight; interleaved rows keep the shared-memory reads conflict-free);
     the 16 row groups meet in shared memory. Padding tokens of the last group are skipped.
     This lane's ``W_UV`` values are loaded into registers first; with ``pdl`` the CTA then
-    waits (``griddepcontrol.wait``) for the attention kernel before reading its partials.
+    waits (``griddepcontrol.wait``) for the attention kernel before reading its partials, with
+    ``wait_ctr`` until ``wait_target`` attention CTAs have signalled (``mla_core_kernel``).
     """
     cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
     tidx, _, _ = cute.arch.thread_idx()
-    h, tg, cb = cute.arch.block_idx()
     lane = tidx % 32
     warp = tidx // 32
     rg = warp * 4 + lane // 8
@@ -370,6 +417,8 @@ def combine_kernel(
         w_rows.append(cute.make_tensor(w_uv + cute.assume(off, divby=4), cute.make_layout(4)).load())
     if cutlass.const_expr(pdl):
         cute.arch.griddepcontrol_wait()
+    if cutlass.const_expr(wait_ctr is not None):
+        wait_count(wait_ctr, wait_target)
     total_rows = n_tokens * n_heads
     # flat, row-major shared memory (no bank conflicts, see the docstring)
     smem = cutlass.memory.SmemAllocator()
@@ -419,3 +468,15 @@ def combine_kernel(
             gv = g_gate[t * gate_ts + h * D_V + col].to(cutlass.Float32)
             sig = 1.0 / (1.0 + _exp2(-gv * LOG2E))
             g_out[t * (n_heads * D_V) + h * D_V + col] = (tot * scale * sig).to(cutlass.BFloat16)
+
+
+@cute.kernel
+def combine_kernel(o_part: cute.Pointer, lse_part: cute.Pointer, w_uv: cute.Pointer,
+                   gate: cute.Pointer, kv_scale: cute.Pointer, out: cute.Pointer,
+                   n_tokens: cutlass.Int32, n_heads: cutlass.Int32, gate_ts: cutlass.Int32,
+                   n_splits: cutlass.Int32, tokens_per_cta: cutlass.Constexpr,
+                   pdl: cutlass.Constexpr = False):
+    """``combine_body`` on grid (head, token group, 32-column block)."""
+    h, tg, cb = cute.arch.block_idx()
+    combine_body(h, tg, cb, o_part, lse_part, w_uv, gate, kv_scale, out, n_tokens, n_heads,
+                 gate_ts, n_splits, tokens_per_cta, pdl)

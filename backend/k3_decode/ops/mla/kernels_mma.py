@@ -23,7 +23,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
-from backend.k3_decode.ops.mla.kernels import D_LAT, D_QK, NEG, _exp2, _ptr_tensor
+from backend.k3_decode.ops.mla.kernels import D_LAT, D_QK, NEG, _exp2, _ptr_tensor, wait_count
 
 M_TILE = 16
 THREADS = 128
@@ -38,8 +38,12 @@ def mma_params(cache_dtype: type[cutlass.Numeric]) -> dict:
     return {"t16": cutlass.BFloat16, "n_tile": 32, "row_stride": D_QK + 8, "hilo": True}
 
 
-@cute.kernel
-def attend_mma_kernel(
+@cute.jit
+def attend_mma_body(
+    gidx: cutlass.Int32,
+    s: cutlass.Int32,
+    r: cutlass.Int32,
+    n_splits: cutlass.Int32,
     q_lat: cute.Pointer,  # f32 [R * q * H, 576]
     cache: cute.Pointer,  # fp8/bf16 [blocks, block_size, 576]
     block_table: cute.Pointer,  # i32 [R, bt_stride]
@@ -53,8 +57,13 @@ def attend_mma_kernel(
     block_size: cutlass.Int32,
     chunk: cutlass.Int32,
     max_context: cutlass.Int32,
+    wait_ctr: cute.Pointer = None,
+    wait_target: cutlass.Int32 = 0,
 ):
-    """Split-KV latent attention of 16 query rows over one chunk, on tensor cores."""
+    """Split-KV latent attention of 16 query rows (group ``gidx``) of request ``r`` over chunk
+    ``s``, on tensor cores. With ``wait_ctr`` (``mla_core_kernel``) the first cache tile's copies
+    go out, then the CTA waits until ``wait_target`` absorb CTAs have signalled before it reads
+    the query."""
     cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched combine may start
     cdt = cache.dtype
     prm = mma_params(cdt)
@@ -64,8 +73,6 @@ def attend_mma_kernel(
     chunks_per_thread = n_tile * cpt // THREADS
 
     tidx, _, _ = cute.arch.thread_idx()
-    gidx, s, r = cute.arch.block_idx()
-    n_splits = cute.arch.grid_dim()[1]
     lane, wid = tidx % 32, tidx // 32
     g, t = lane // 4, lane % 4
     rows_per_req = q_len * n_heads
@@ -99,6 +106,8 @@ def attend_mma_kernel(
         _issue_tile(cp_atom, cache, s_kv, g_bt, r, bt_stride, block_size, row_elems, start,
                     n_end, 0, tidx, n_tile, rs, epc, cpt, chunks_per_thread)
     cute.arch.cp_async_commit_group()
+    if cutlass.const_expr(wait_ctr is not None):
+        wait_count(wait_ctr, wait_target)
 
     # Query rows -> shared memory (f16/bf16, hi + lo for bf16): 16-byte loads, all of a
     # thread's 18 issued before the first use (a rolled scalar loop waited on each load).
@@ -289,6 +298,19 @@ def attend_mma_kernel(
         if row0 + my_row < rows_per_req:
             g_lse[base_row + my_row] = cutlass.select_(
                 l_run > 0.0, m_run + cute.math.log2(l_run, fastmath=False), -math.inf)
+
+
+@cute.kernel
+def attend_mma_kernel(q_lat: cute.Pointer, cache: cute.Pointer, block_table: cute.Pointer,
+                      seq_lens: cute.Pointer, o_part: cute.Pointer, lse_part: cute.Pointer,
+                      n_req: cutlass.Int32, n_heads: cutlass.Int32, q_len: cutlass.Int32,
+                      bt_stride: cutlass.Int32, block_size: cutlass.Int32, chunk: cutlass.Int32,
+                      max_context: cutlass.Int32):
+    """``attend_mma_body`` on grid (16-row group, split, request)."""
+    gidx, s, r = cute.arch.block_idx()
+    attend_mma_body(gidx, s, r, cute.arch.grid_dim()[1], q_lat, cache, block_table, seq_lens,
+                    o_part, lse_part, n_req, n_heads, q_len, bt_stride, block_size, chunk,
+                    max_context)
 
 
 @cute.jit

@@ -15,6 +15,8 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_ptr
 
+from backend.k3_decode import envs
+from backend.k3_decode.ops.gemv.common import ticket_counter
 from backend.k3_decode.ops.mla.checks import (
     D_LAT,
     D_QK,
@@ -24,7 +26,9 @@ from backend.k3_decode.ops.mla.checks import (
     plan_splits,
 )
 from backend.k3_decode.ops.mla.compile import DEFAULT_TILING, Tiling, compiled_mla_decode
+from backend.k3_decode.ops.mla.kernel_core import N_COUNTERS, core_ctas
 
+CORE_CTAS_PER_SM = 1  # the fused kernel's grid must fit at one CTA per SM (kernel_core.py)
 DEFAULT_SOFTMAX_SCALE = 192**-0.5  # (qk_nope 128 + rope 64) ** -0.5, as vLLM's MLA
 
 _TORCH_TO_CUTE = {
@@ -72,6 +76,8 @@ def mla_decode(
     tiling: Tiling = DEFAULT_TILING,
     check_lengths: bool = True,
     pdl: bool = False,
+    fused: bool | None = None,
+    counter: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """K3 MLA decode from the split query to the gated ``o_proj`` input ``[T, H*128]`` (bf16).
 
@@ -84,7 +90,13 @@ def mla_decode(
     value, so the launch is CUDA-graph safe. ``pdl``: absorb and combine are programmatic
     dependent launches that load their weights while the previous kernel finishes (measured
     slower on the H200, run 28: off by default and not used by the executor; not tied to
-    ``K3_DECODE_PDL``). Raises ``MlaInputError`` before any launch.
+    ``K3_DECODE_PDL``). ``fused``: the three stages as one launch (``kernel_core``, stages
+    synced through the int32 ``counter``, >= 3 of them, zero between launches; default: a
+    per-device one, so concurrent launches must pass their own); None = with
+    ``K3_DECODE_MLA_FUSED=1`` (default off: not faster on the H200, NOTES.md session 8) when the
+    whole grid fits on the GPU at once (one CTA per SM) with the tensor-core attention and no
+    ``pdl``; True where it does not fit raises. Raises ``MlaInputError``
+    before any launch.
     """
     shape = check_inputs(q_nope, q_pe, gate, kv_cache, block_table, seq_lens, w_uk_t, w_uv,
                          q_per_request, max_context)
@@ -99,16 +111,30 @@ def mla_decode(
                                 _num_sms(dev.index or 0), min_chunk=tiling.min_chunk,
                                 n_splits=n_splits, ctas_per_sm=tiling.ctas_per_sm,
                                 min_ctas=tiling.min_ctas)
+    n_core = core_ctas(shape.n_req, shape.n_heads, shape.q_len, splits, tiling.tokens_per_cta)
+    can_fuse = (tiling.variant == "mma" and not pdl
+                and n_core <= _num_sms(dev.index or 0) * CORE_CTAS_PER_SM)
+    if fused is None:
+        fused = can_fuse and envs.K3_DECODE_MLA_FUSED == "1"
+    elif fused and not can_fuse:
+        raise MlaInputError(f"fused=True: {n_core} CTAs do not fit on the GPU at once, or the "
+                            f"tiling / pdl rule it out (variant {tiling.variant!r}, pdl={pdl})")
+    if counter is None:
+        counter = ticket_counter("mla_decode", dev, N_COUNTERS)
+    if (counter.dtype != torch.int32 or counter.numel() < N_COUNTERS or counter.device != dev
+            or not counter.is_contiguous() or counter.data_ptr() % 16):
+        raise MlaInputError(f"counter must be a contiguous int32 tensor of >= {N_COUNTERS} "
+                            f"values on {dev}, 16-byte aligned")
     rows_total = shape.n_tokens * shape.n_heads
     q_lat = torch.empty(rows_total * D_QK, dtype=torch.float32, device=dev)
     o_part = torch.empty(splits * rows_total * D_LAT, dtype=torch.float32, device=dev)
     lse_part = torch.empty(splits * rows_total, dtype=torch.float32, device=dev)
     scale_t = _scale_tensor(kv_scale, dev)
-    fn = compiled_mla_decode(shape.cache_dtype, tiling, bool(pdl))
+    fn = compiled_mla_decode(shape.cache_dtype, tiling, bool(pdl), bool(fused))
     stream = cuda.CUstream(torch.cuda.current_stream(dev).cuda_stream)
     fn(_ptr(q_nope), _ptr(q_pe), _ptr(w_uk_t), _ptr(scale_t), _ptr(kv_cache), _ptr(block_table),
        _ptr(seq_lens), _ptr(gate), _ptr(w_uv), _ptr(out), _ptr(q_lat), _ptr(o_part),
-       _ptr(lse_part), shape.n_req, shape.n_heads, shape.q_len, shape.max_blocks,
+       _ptr(lse_part), _ptr(counter), shape.n_req, shape.n_heads, shape.q_len, shape.max_blocks,
        shape.block_size, chunk, shape.max_context, splits, *q_nope.stride()[:2],
        *q_pe.stride()[:2], gate.stride(0), float(softmax_scale), stream)
     return out

@@ -1,23 +1,28 @@
 """Decode prep kernels (CuTe DSL): RMSNorm + SiTU-GLU rows and the MLA latent cache insert.
 
-See `op.rms_glu_prep` / `op.mla_kv_insert` / `op.mla_prep` for the API and `kernel` for the design.
+See `op.rms_glu_prep` / `op.mla_kv_insert` / `op.mla_prep` / `op.mla_qb` for the API and `kernel` for the design.
 """
 
 from backend.k3_decode.ops.prep.op import (
     KvInsertKey,
     MlaPrepKey,
+    MlaQbKey,
     PrepInputError,
     RmsGluKey,
     compile_kv_insert,
     compile_mla_prep,
+    compile_mla_qb,
     compile_rms_glu,
     kv_insert_min_bytes,
     mla_kv_insert,
     mla_prep,
+    mla_qb,
+    qb_fits,
     rms_glu_min_bytes,
     rms_glu_prep,
 )
 
-__all__ = ["KvInsertKey", "MlaPrepKey", "PrepInputError", "RmsGluKey", "compile_kv_insert",
-           "compile_mla_prep", "compile_rms_glu", "kv_insert_min_bytes", "mla_kv_insert",
-           "mla_prep", "rms_glu_min_bytes", "rms_glu_prep"]
+__all__ = ["KvInsertKey", "MlaPrepKey", "MlaQbKey", "PrepInputError", "RmsGluKey",
+           "compile_kv_insert", "compile_mla_prep", "compile_mla_qb", "compile_rms_glu",
+           "kv_insert_min_bytes", "mla_kv_insert", "mla_prep", "mla_qb", "qb_fits",
+           "rms_glu_min_bytes", "rms_glu_prep"]

@@ -10,6 +10,11 @@
     reduction through shared memory hung on the H200; see NOTES.md).
 `mla_prep_kernel`: both in one launch for the MLA layer (CTA (t, 0) token t's q_a RMSNorm,
   CTA (t, 1) its cache insert).
+`mla_qb_kernel`: the MLA layer's q_b projection with the q_a RMSNorm inside (1-2 tokens; the
+  SIMT GEMV's `row_dot`, one warp per weight row: each warp reads the whole q_a row anyway, so
+  it sums its squares and multiplies it by the norm weight in fp32 as it goes, and scales its
+  dot products by the rsqrt: no normalised row is written or read back), plus one CTA per token
+  tile whose warps do the cache insert: `mla_prep`'s two jobs without its launch.
 `mla_kv_insert_kernel`, one warp per token: lane l owns latent vectors l and l + 32 (8 values
   each), lanes 0..7 also the 64 k_pe elements. RMSNorm over the 512 latent values (warp
   reduction), then the 576-value row
@@ -28,6 +33,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from backend.k3_decode.ops.gemv.device import BF16, F32, I32, I64, U32, flat, situ, vec
+from backend.k3_decode.ops.gemv.kernel import row_dot
 
 THREADS = 256
 WARPS = THREADS // 32
@@ -204,8 +210,8 @@ def _kv_insert_row(kv_c: cute.Pointer, k_pe: cute.Pointer, kv_w: cute.Pointer,
                    kv_scale: cute.Pointer, ld_kvc: I64, ld_kpe: I64, ld_bt: I64, ld_blk: I64,
                    ld_slot: I64, q_per_request: I32, log2_bs: I32, max_blocks: I32,
                    num_blocks: I32, tok: I32, fp8: cutlass.Constexpr, eps: cutlass.Constexpr):
-    """Token `tok`'s cache row, by the calling warp (threads 0..31; see `mla_kv_insert_kernel`)."""
-    tid, _, _ = cute.arch.thread_idx()
+    """Token `tok`'s cache row, by the calling warp (any one warp; see `mla_kv_insert_kernel`)."""
+    tid = cute.arch.lane_idx()
     y = cute.make_rmem_tensor((2 * V,), F32)
     w = cute.make_rmem_tensor((2 * V,), F32)
     pe = cute.make_rmem_tensor((V,), F32)
@@ -319,3 +325,54 @@ def mla_kv_insert_launch(kv_c: cute.Pointer, k_pe: cute.Pointer, kv_w: cute.Poin
                          ld_kpe, ld_bt, ld_blk, ld_slot, q_per_request, log2_bs, max_blocks,
                          num_blocks, fp8, eps).launch(grid=(n_tok, 1, 1),
                                                       block=(KV_THREADS, 1, 1), stream=stream)
+
+
+@cute.kernel
+def mla_qb_kernel(q_c: cute.Pointer, q_w: cute.Pointer, w: cute.Pointer, y: cute.Pointer,
+                  n_rows: I32, n_tok: I32, ld_q: I64, ld_y: I64, kv_c: cute.Pointer,
+                  k_pe: cute.Pointer, kv_w: cute.Pointer, cache: cute.Pointer,
+                  block_table: cute.Pointer, positions: cute.Pointer, kv_scale: cute.Pointer,
+                  ld_kvc: I64, ld_kpe: I64, ld_bt: I64, ld_blk: I64, ld_slot: I64,
+                  q_per_request: I32, log2_bs: I32, max_blocks: I32, num_blocks: I32,
+                  k: cutlass.Constexpr, tt: cutlass.Constexpr, q_eps: cutlass.Constexpr,
+                  fp8: cutlass.Constexpr, eps: cutlass.Constexpr):
+    """CTAs x < ceil(N / 8): one warp per q_b row, `y[t, row] = rsqrt(mean(q_c[t]^2) + q_eps) *
+    (W[row] . (q_c[t] * q_w))`; CTA x = ceil(N / 8): warp i inserts token `tt * y + i`'s cache
+    row (`_kv_insert_row`)."""
+    cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
+    rb, tb, _ = cute.arch.block_idx()
+    warp = cute.arch.warp_idx()
+    tok0 = tb * tt
+    if rb * WARPS < n_rows:
+        row = rb * WARPS + warp
+        if row < n_rows:
+            acc = cute.make_rmem_tensor((tt,), F32)
+            ss = cute.make_rmem_tensor((tt,), F32)
+            row_dot(w + row.to(I64) * k, q_c, ld_q, tok0, n_tok, acc, k, tt, xw=q_w, ss=ss)
+            if cute.arch.lane_idx() == 0:
+                for t in cutlass.range_constexpr(tt):
+                    if tok0 + t < n_tok:
+                        inv = cute.rsqrt(ss[t] * F32(1.0 / k) + F32(q_eps))
+                        flat(y)[(tok0 + t).to(I64) * ld_y + row] = (acc[t] * inv).to(y.dtype)
+    else:
+        if (warp < tt) & (tok0 + warp < n_tok):
+            _kv_insert_row(kv_c, k_pe, kv_w, cache, block_table, positions, kv_scale, ld_kvc,
+                           ld_kpe, ld_bt, ld_blk, ld_slot, q_per_request, log2_bs, max_blocks,
+                           num_blocks, tok0 + warp, fp8, eps)
+
+
+@cute.jit
+def mla_qb_launch(q_c: cute.Pointer, q_w: cute.Pointer, w: cute.Pointer, y: cute.Pointer,
+                  n_rows: I32, n_tok: I32, ld_q: I64, ld_y: I64, kv_c: cute.Pointer,
+                  k_pe: cute.Pointer, kv_w: cute.Pointer, cache: cute.Pointer,
+                  block_table: cute.Pointer, positions: cute.Pointer, kv_scale: cute.Pointer,
+                  ld_kvc: I64, ld_kpe: I64, ld_bt: I64, ld_blk: I64, ld_slot: I64,
+                  q_per_request: I32, log2_bs: I32, max_blocks: I32, num_blocks: I32,
+                  stream: cuda.CUstream, k: cutlass.Constexpr, tt: cutlass.Constexpr,
+                  q_eps: cutlass.Constexpr, fp8: cutlass.Constexpr, eps: cutlass.Constexpr):
+    """Host side: grid (ceil(N / 8) + 1, ceil(T / tt)) on the caller's stream."""
+    mla_qb_kernel(q_c, q_w, w, y, n_rows, n_tok, ld_q, ld_y, kv_c, k_pe, kv_w, cache,
+                  block_table, positions, kv_scale, ld_kvc, ld_kpe, ld_bt, ld_blk, ld_slot,
+                  q_per_request, log2_bs, max_blocks, num_blocks, k, tt, q_eps, fp8,
+                  eps).launch(grid=((n_rows + WARPS - 1) // WARPS + 1, (n_tok + tt - 1) // tt, 1),
+                              block=(THREADS, 1, 1), stream=stream)

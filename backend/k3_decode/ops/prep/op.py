@@ -8,6 +8,8 @@
   of `row / kv_scale` (saturated to +-448, `reference.mla.quantize_latent_fp8`) or as bf16.
 `mla_prep(q_c, q_norm_w, q_out, kv_c, ...)` does the q_a RMSNorm (`rms_glu_prep(q_c, q_norm_w,
   None, q_out)`) and `mla_kv_insert` in one launch (two CTAs per token).
+`mla_qb(q_c, q_norm_w, w_qb, kv_c, ...)` (1-2 tokens) is the q_b projection of the normalised
+  q_a row plus `mla_kv_insert` in one launch (the q_b GEMV's CTAs and one more per token tile).
 They launch one CTA per token on the caller's current stream, take every size from host values
 and read `positions` / `block_table` / `kv_scale` on the device, so a CUDA graph replays them.
 """
@@ -333,6 +335,92 @@ def mla_prep(q_c: torch.Tensor, q_norm_w: torch.Tensor, q_out: torch.Tensor,
        *_kv_args(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions, kv_scale, t, bs,
                  q_per_request), stream_of(kv_c.device))
     return q_out
+
+
+QB_MAX_TOKENS = 2  # mla_qb runs the SIMT GEMV's rows: the executor uses it where "auto" is SIMT
+QB_K_MULTIPLE, QB_MAX_K = 256, 1 << 14
+
+
+def qb_fits(n_tok: int, k: int) -> bool:
+    """Whether `mla_qb` takes `n_tok` tokens of a q_a row of width K (K3: q_lora_rank 1536)."""
+    return 1 <= n_tok <= QB_MAX_TOKENS and k % QB_K_MULTIPLE == 0 and 0 < k <= QB_MAX_K
+
+
+@dataclass(frozen=True)
+class MlaQbKey:
+    """What a compiled `mla_qb` variant is specialised on."""
+
+    k: int
+    tt: int
+    q_eps: float
+    fp8: bool
+    eps: float
+    arch: str
+
+
+@functools.cache
+def compile_mla_qb(key: MlaQbKey, extra_options: str = ""):
+    """Compile (once per key) the q_b projection + q norm + cache-insert launcher; no GPU."""
+    import cuda.bindings.driver as cuda
+    import cutlass
+    from cutlass import cute
+
+    from backend.k3_decode.ops.prep.kernel import mla_qb_launch
+
+    bf, i32, i64 = cutlass.BFloat16, cutlass.Int32, cutlass.Int64
+    cache = fake_ptr(cutlass.Uint8 if key.fp8 else bf)
+    args = [fake_ptr(bf), fake_ptr(bf), fake_ptr(bf), fake_ptr(bf, 4), i32(1), i32(1), i64(1),
+            i64(1)]
+    args += [fake_ptr(bf), fake_ptr(bf), fake_ptr(bf), cache, fake_ptr(i32, 4), fake_ptr(i32, 4),
+             fake_ptr(cutlass.Float32, 4)] + [i64(1)] * 5 + [i32(1)] * 4
+    return cute.compile(mla_qb_launch, *args, cuda.CUstream(0), key.k, key.tt, key.q_eps,
+                        key.fp8, key.eps, options=f"--gpu-arch {key.arch} {extra_options}".strip())
+
+
+def mla_qb(q_c: torch.Tensor, q_norm_w: torch.Tensor, w_qb: torch.Tensor, kv_c: torch.Tensor,
+           k_pe: torch.Tensor, kv_norm_w: torch.Tensor, kv_cache: torch.Tensor,
+           block_table: torch.Tensor, positions: torch.Tensor, kv_scale: torch.Tensor, *,
+           q_per_request: int = 1, eps: float = 1e-6, q_eps: float = 1e-6,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """`out = (rms_norm(q_c) * q_norm_w) @ w_qb.T` (fp32 inside: the normalised row is never
+    rounded to bf16) and `mla_kv_insert(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions,
+    kv_scale)`, in one launch, for 1-2 tokens (`qb_fits`): `mla_prep` + the q_b GEMV without
+    the launch between them. `q_c [T, K]` bf16 (rows may be strided), `q_norm_w [K]`, `w_qb
+    [N, K]` bf16, `out [T, N]` bf16 (made when None; must not overlap the other inputs: the
+    jobs run concurrently); the cache arguments as `mla_kv_insert`. Raises `PrepInputError`
+    before any compile."""
+    err, op = PrepInputError, "mla_qb"
+    _check_scalars(op, eps=q_eps)
+    t = _rows(err, op, "q_c", q_c)
+    need(isinstance(w_qb, torch.Tensor) and w_qb.dim() == 2, err, op, "w_qb must be [N, K]")
+    k, n = q_c.shape[1], w_qb.shape[0]
+    need(qb_fits(t, k), err, op, f"{t} tokens of width K={k}: mla_qb takes 1..{QB_MAX_TOKENS} "
+         f"tokens and K a multiple of {QB_K_MULTIPLE} up to {QB_MAX_K}")
+    need(n >= 1, err, op, "w_qb must have at least one row")
+    check_tensor(err, op, "q_c", q_c, BF, (t, k), row_strided=True)
+    check_tensor(err, op, "q_norm_w", q_norm_w, BF, (k,))
+    check_tensor(err, op, "w_qb", w_qb, BF, (n, k))
+    if out is None:
+        out = torch.empty(t, n, dtype=BF, device=q_c.device)
+    check_tensor(err, op, "out", out, BF, (t, n), row_strided=True)
+    t_kv, bs = check_kv_insert(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions,
+                               kv_scale, q_per_request, eps, device=False)
+    need(t_kv == t, err, op, f"q_c has {t} rows, kv_c has {t_kv}")
+    for name, x in (("q_c", q_c), ("kv_c", kv_c), ("k_pe", k_pe), ("kv_cache", kv_cache)):
+        need(not _overlap(out, x), err, op,
+             f"out overlaps {name} (the projection and the cache insert run concurrently)")
+    check_device(err, op, q_c, q_norm_w, w_qb, out, kv_c, k_pe, kv_norm_w, kv_cache, block_table,
+                 positions, kv_scale)
+    fp8 = kv_cache.dtype == F8
+    fn = compile_mla_qb(MlaQbKey(k, t, float(q_eps), fp8, float(eps), target_arch()))
+    import cutlass
+
+    kv = _kv_args(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions, kv_scale, t, bs,
+                  q_per_request)
+    fn(ptr(q_c), ptr(q_norm_w), ptr(w_qb), ptr(out, 4), cutlass.Int32(n), cutlass.Int32(t),
+       cutlass.Int64(q_c.stride(0)), cutlass.Int64(out.stride(0)), *kv[:7], *kv[8:],
+       stream_of(q_c.device))
+    return out
 
 
 def rms_glu_min_bytes(t: int, la: int, inter: int, has_weight: bool) -> int:
