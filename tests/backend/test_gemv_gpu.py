@@ -146,9 +146,11 @@ def test_gemv_normed_matches_reference(n: int, lat: int, s: int, t: int, strided
     assert x.stride(0) == lat + s + pad
     w = (torch.randn(n, lat + s, generator=g) * 0.02).to(torch.bfloat16).cuda()
     part = y32.pow(2).view(t, lat // 8, 8).sum(-1).contiguous().cuda()
-    out = poison_(torch.empty(t, n, dtype=torch.bfloat16, device="cuda"))
+    buf = poison_(torch.empty(t, -(-n // 8) * 8 + 8, dtype=torch.bfloat16, device="cuda"))
+    out = buf[:, :n]  # rows of whole 16-byte units; the columns past N must stay NaN
     gemv_normed(x, lat, part, w, 1e-6, out)
     torch.cuda.synchronize()
+    assert bool(buf[:, n:].isnan().all()), "gemv_normed wrote past the last row"
     l64 = x[:, :lat].double()
     inv = torch.rsqrt(y32.double().cuda().pow(2).mean(-1, keepdim=True) + 1e-6)
     ref = torch.cat([l64 * inv, x[:, lat:].double()], -1) @ w.double().T
