@@ -47,10 +47,11 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # GEMV at every batch (default: at 1-2 tokens both ride in the q_b projection's launch,
     # `mla_qb`; NOTES.md session 8).
     "K3_DECODE_MLA_QB": lambda: os.environ.get("K3_DECODE_MLA_QB", "1") != "0",
-    # "1": the MLA decode's absorb / attention / combine run as one `mla_core_kernel` launch
-    # (stages synced through global counters) where the grid fits on the GPU at once; default
-    # "0": three launches (the one launch was not faster on the H200, NOTES.md session 8). Read
-    # by `mla_decode(fused=None)` at each call and by the executor when its ops are made.
+    # "1": the MLA decode's absorb / attention / combine run as one cooperative
+    # `mla_core_kernel` launch (stages synced through global counters) where the grid fits on
+    # the GPU at once; default "0": three launches (the one launch was not faster on the H200,
+    # NOTES.md session 8). An executor made with "0" never fuses; one made with "1" leaves it
+    # to `mla_decode(fused=None)`, which reads the variable again at each call.
     "K3_DECODE_MLA_FUSED": lambda: os.environ.get("K3_DECODE_MLA_FUSED", "0"),
 }
 

@@ -342,17 +342,24 @@ def test_mla_decode_fused_launch_is_bit_identical_to_three(cache, q, seq_lens, h
 
 
 def test_mla_decode_fused_refuses_a_grid_that_does_not_fit(monkeypatch):
-    """``fused=True`` where the grid exceeds one CTA per SM (64 requests) raises before any
-    launch; ``fused=None`` takes the three launches there (even with ``K3_DECODE_MLA_FUSED=1``)."""
+    """``fused=True`` where the grid exceeds one CTA per SM (64 requests), or without a counter
+    of the caller's own, raises before any launch; ``fused=None`` takes the three launches
+    there (even with ``K3_DECODE_MLA_FUSED=1``)."""
     from backend.k3_decode.executor.measure import kernels_in
     from backend.k3_decode.ops.mla import MlaInputError, mla_decode
 
     inp = make_inputs(12, [300] * 64, 1, "fp8", 64, seed=3)
     kw = {k: inp[k] for k in ("q_nope", "q_pe", "gate", "kv_cache", "block_table", "seq_lens",
                               "w_uk_t", "w_uv")}
-    with pytest.raises(MlaInputError, match="do not fit on the GPU at once"):
-        mla_decode(**kw, kv_scale=inp["kv_scale"], fused=True)
+    counter = torch.zeros(4, dtype=torch.int32, device="cuda")
+    with pytest.raises(MlaInputError, match="CTAs do not fit on the GPU at once"):
+        mla_decode(**kw, kv_scale=inp["kv_scale"], fused=True, counter=counter)
+    one = make_inputs(12, [300], 1, "fp8", 64, seed=4)
+    kw1 = {k: one[k] for k in kw}
+    with pytest.raises(MlaInputError, match="it needs counter="):
+        mla_decode(**kw1, kv_scale=one["kv_scale"], fused=True)
     monkeypatch.setenv("K3_DECODE_MLA_FUSED", "1")
-    names = [n for n in kernels_in(lambda: mla_decode(**kw, kv_scale=inp["kv_scale"]))
+    names = [n for n in kernels_in(lambda: mla_decode(**kw, kv_scale=inp["kv_scale"],
+                                                      counter=counter))
              if "kernel_cutlass" in n]
     assert len(names) == 3 and not any("mla_core" in n for n in names), names

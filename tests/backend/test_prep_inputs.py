@@ -255,6 +255,10 @@ def _mla_qb_kwargs(t: int = 2, q: int = 1) -> dict:
     ({"out": "kv_c"}, "out overlaps kv_c"),
     ({"out": "q_c"}, "out overlaps q_c"),
     ({"kv_scale": torch.ones(2)}, "kv_scale must be a float32 tensor of one element"),
+    ({"q_eps": -1.0}, r"q_eps=-1.0 must be a finite number >= 0"),
+    ({"q_c": torch.zeros(2, 4352, dtype=BF)}, "K=4352"),
+    ({"out": "w_qb"}, "out overlaps w_qb"),
+    ({"kv_cache": "w_qb"}, "kv_cache overlaps w_qb"),
     ({}, "needs CUDA tensors"),
 ])
 def test_mla_qb_checks_every_input_before_compiling(change: dict, match: str) -> None:
@@ -263,10 +267,15 @@ def test_mla_qb_checks_every_input_before_compiling(change: dict, match: str) ->
     compiles first."""
     kw = _mla_qb_kwargs()
     kw.update(change)
-    if isinstance(kw.get("out"), str):  # out and q_c / kv_c: overlapping slices of one buffer
+    if isinstance(kw.get("out"), str) and kw["out"] == "w_qb":  # out's bytes inside the weight
+        kw["out"] = kw["w_qb"].view(-1)[: 2 * 2304].view(2, 2304)
+    elif isinstance(kw.get("out"), str):  # out and q_c / kv_c: overlapping slices of one buffer
         big = torch.zeros(2, 4000, dtype=BF)
         kw["out"] = big[:, :2304]
         kw[change["out"]] = big[:, 2048:3584] if change["out"] == "q_c" else big[:, 1536:2048]
+    if isinstance(kw.get("kv_cache"), str):  # a cache view over the weight's bytes
+        raw = kw["w_qb"].view(torch.uint8).view(-1)[: 8 * 64 * 576]
+        kw["kv_cache"] = raw.view(8, 64, 576).view(torch.float8_e4m3fn)
     compiled = compile_mla_qb.cache_info().currsize
     with pytest.raises(PrepInputError, match=match):
         mla_qb(**kw)

@@ -12,10 +12,11 @@ instead), tail projection ``[up * norm_w | shared down]`` (the routed output and
 experts are summed inside that one GEMV). With ``side_stream=True`` a separate router runs on a
 second stream beside the front projection (joined before the experts). With ``pdl``
 (``K3_DECODE_PDL=1``) the SIMT GEMVs are programmatic dependent launches: their first weight
-loads go out while the previous kernel runs (the MLA op's absorb / combine stay ordinary
-launches: as PDL launches they cost the MLA layer 3.7% at b1, H200 run 28; so does
-``gemv_normed``, the MoE tail at 1-2 tokens). The MLA layer: one fused ``q_a|kv_a|k_pe|gate``
-projection, the q_b projection with the q_a RMSNorm inside and the kv RMSNorm + cache insert in its launch (``mla_qb``; from 3 tokens, or with
+loads go out while the previous kernel runs. Ordinary launches in any case: the MLA op's
+absorb / combine (as PDL launches they cost the MLA layer 3.7% at b1, H200 run 28),
+``gemv_normed`` (the MoE tail at 1-2 tokens) and ``mla_qb`` (the q_b projection there). The MLA
+layer: one fused ``q_a|kv_a|k_pe|gate`` projection, the q_b projection with the q_a RMSNorm
+inside and the kv RMSNorm + cache insert in its launch (``mla_qb``; from 3 tokens, or with
 ``K3_DECODE_MLA_QB=0``, one ``mla_prep`` launch for both norms and the insert, then the q_b
 GEMV), the MLA decode (reading the gate and q_nope / q_pe as row-strided views of those
 outputs; absorb / attention / combine: three launches, or one, ``mla_core_kernel``, where its
@@ -114,7 +115,7 @@ class KernelOps:
         self._router_front = envs.K3_DECODE_ROUTER_FRONT
         self.skip_experts = False
         """Benchmark aid: skip the routed experts (the latent goes straight to the norm)."""
-        self._counters: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._counters: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def counters(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This instance's ticket counters (router, MoE norm epilogue, the fused MLA decode's

@@ -1,7 +1,8 @@
 """Host launcher and cached compile of the MLA decode kernels.
 
-One ``@cute.jit`` host function launches the three kernels (absorb, attend, combine) on the
-caller's stream, so one compiled object serves a step and a CUDA graph captures all three.
+One ``@cute.jit`` host function launches the three kernels (absorb, attend, combine), or with
+``fused`` the one ``mla_core_kernel`` (kernel_core.py), on the caller's stream, so one compiled
+object serves a step and a CUDA graph captures them.
 Every shape is a runtime argument; only the cache dtype and the tiling are compile-time, so a
 handful of compiles serve every batch, head count, verify length and context.
 """
@@ -130,7 +131,8 @@ def launch_mla_decode(
             max_context, n_splits, qn_ts, qn_hs, qp_ts, qp_hs, gate_ts, softmax_scale,
             token_groups, row_groups, tokens_per_cta,
         ).launch(grid=(n_ctas, 1, 1), block=(km.THREADS, 1, 1), stream=stream,
-                 smem_merge_branch_allocs=True)  # one stage per CTA: its smem is reused
+                 smem_merge_branch_allocs=True,  # one stage per CTA: its smem is reused
+                 cooperative=True)  # every CTA resident at once, or the launch fails
     else:
         k.absorb_kernel(
             q_nope, q_pe, w_uk_t, kv_scale, q_lat, n_tokens, n_heads, qn_ts, qn_hs, qp_ts, qp_hs,

@@ -11,10 +11,15 @@ cache loads of every stage start at once, and two launches (and their gaps) go. 
 combine CTA to signal resets the counters to zero for the next launch (every waiter has passed
 its wait by then: it signalled after it).
 
-Progress: a CTA only waits for CTAs of lower index, which the hardware dispatches first, and the
-host uses this kernel only when the whole grid fits on the GPU at once (one CTA per SM:
-``op.mla_decode`` checks ``n_abs + n_att + n_comb <= SMs``), so every CTA waited for is running
-or done. Concurrent launches need counters of their own (``mla_decode(counter=)``).
+Progress: the launch is cooperative (``compile.py``), so the driver runs it only with every CTA
+resident at once (or fails the launch): a CTA that waits never holds back one it waits for, even
+beside other kernels on the GPU (e.g. NCCL's on another stream). The host also uses it only where
+the grid fits at one CTA per SM (``op.mla_decode``: ``n_abs + n_att + n_comb <= SMs``), and a CTA
+only waits for CTAs of lower index. (The first GPU runs, session 8 runs 42 / 43, launched it
+without the cooperative attribute; the attribute was added after the device time and has only
+been compiled.) The counters must be zero when a launch starts (the protocol leaves them so);
+launches that may overlap (other streams) must not share them: one caller-owned ``counter`` per
+executor (``mla_decode`` does not fuse without one).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """CuTe DSL kernels of the Kimi K3 MLA decode (absorbed, NoPE, gated).
 
 Three launches per MLA layer and step (all SIMT, no Hopper-only instruction, so the same
-source compiles for sm_90a and sm_100a):
+source compiles for sm_90a and sm_100a; each kernel is a thin wrapper around its ``*_body``,
+which ``kernel_core.mla_core_kernel`` also runs, all three in one opt-in launch):
 
 1. ``absorb``: ``q_lat[t, h] = [q_nope[t, h] @ W_UK_T[h], q_pe[t, h]] * qscale`` in fp32,
    ``qscale = softmax_scale * log2(e) * kv_scale`` (the cache's per-tensor scale and the
@@ -93,11 +94,12 @@ def absorb_body(
     tokens_per_cta: cutlass.Constexpr,
     pdl: cutlass.Constexpr = False,
 ):
-    """CTA (``h``, ``tg``, ``cb``): one (head, token group, 128-column block). Warp ``w`` sums the 32 rows
-    ``32w .. 32w + 31`` of ``W_UK_T[h]``, lane ``l`` four adjacent columns (one 8-byte load per
-    row, all 32 issued into registers before anything else); the four warps' partial sums meet
-    in shared memory. ``pdl`` (programmatic dependent launch): the weight loads go out, then
-    ``griddepcontrol.wait`` holds the CTA until the previous kernel (which writes q) is done."""
+    """CTA (``h``, ``tg``, ``cb``): one (head, token group, 128-column block). Warp ``w`` sums
+    the 32 rows ``32w .. 32w + 31`` of ``W_UK_T[h]``, lane ``l`` four adjacent columns (one 8-byte
+    load per row, all 32 issued into registers before anything else); the four warps' partial
+    sums meet in shared memory. ``pdl`` (programmatic dependent launch): the weight loads go
+    out, then ``griddepcontrol.wait`` holds the CTA until the previous kernel (which writes q)
+    is done."""
     tidx, _, _ = cute.arch.thread_idx()
     lane = tidx % 32
     warp = tidx // 32

@@ -90,13 +90,13 @@ def mla_decode(
     value, so the launch is CUDA-graph safe. ``pdl``: absorb and combine are programmatic
     dependent launches that load their weights while the previous kernel finishes (measured
     slower on the H200, run 28: off by default and not used by the executor; not tied to
-    ``K3_DECODE_PDL``). ``fused``: the three stages as one launch (``kernel_core``, stages
-    synced through the int32 ``counter``, >= 3 of them, zero between launches; default: a
-    per-device one, so concurrent launches must pass their own); None = with
-    ``K3_DECODE_MLA_FUSED=1`` (default off: not faster on the H200, NOTES.md session 8) when the
-    whole grid fits on the GPU at once (one CTA per SM) with the tensor-core attention and no
-    ``pdl``; True where it does not fit raises. Raises ``MlaInputError``
-    before any launch.
+    ``K3_DECODE_PDL``). ``fused``: the three stages as one cooperative launch
+    (``kernel_core``) synced through ``counter``, the caller's int32 tensor of >= 3 zeros (the
+    kernel leaves them at zero; launches that may overlap must not share one); None = fused when
+    ``K3_DECODE_MLA_FUSED=1`` (default off: not faster on the H200, NOTES.md session 8), a
+    ``counter`` is given, the tiling is the tensor-core one without ``pdl`` and the whole grid
+    fits at one CTA per SM; True where one of those does not hold (the variable aside) raises.
+    Raises ``MlaInputError`` before any launch.
     """
     shape = check_inputs(q_nope, q_pe, gate, kv_cache, block_table, seq_lens, w_uk_t, w_uv,
                          q_per_request, max_context)
@@ -114,17 +114,23 @@ def mla_decode(
     n_core = core_ctas(shape.n_req, shape.n_heads, shape.q_len, splits, tiling.tokens_per_cta)
     can_fuse = (tiling.variant == "mma" and not pdl
                 and n_core <= _num_sms(dev.index or 0) * CORE_CTAS_PER_SM)
+    can_fuse = can_fuse and counter is not None
     if fused is None:
         fused = can_fuse and envs.K3_DECODE_MLA_FUSED == "1"
     elif fused and not can_fuse:
-        raise MlaInputError(f"fused=True: {n_core} CTAs do not fit on the GPU at once, or the "
-                            f"tiling / pdl rule it out (variant {tiling.variant!r}, pdl={pdl})")
-    if counter is None:
-        counter = ticket_counter("mla_decode", dev, N_COUNTERS)
-    if (counter.dtype != torch.int32 or counter.numel() < N_COUNTERS or counter.device != dev
-            or not counter.is_contiguous() or counter.data_ptr() % 16):
+        why = ("it needs the tensor-core attention (variant 'mma')" if tiling.variant != "mma"
+               else "it does not run with pdl=True" if pdl
+               else "it needs counter= (an int32 tensor of >= 3 zeros of the caller's own)"
+               if counter is None
+               else f"its {n_core} CTAs do not fit on the GPU at once (one per SM)")
+        raise MlaInputError(f"fused=True: {why}")
+    if fused and (counter.dtype != torch.int32 or counter.numel() < N_COUNTERS
+                  or counter.device != dev or not counter.is_contiguous()
+                  or counter.data_ptr() % 16):
         raise MlaInputError(f"counter must be a contiguous int32 tensor of >= {N_COUNTERS} "
                             f"values on {dev}, 16-byte aligned")
+    if not fused:  # the three-launch path never reads it; the launcher still takes a pointer
+        counter = ticket_counter("mla_decode", dev, N_COUNTERS)
     rows_total = shape.n_tokens * shape.n_heads
     q_lat = torch.empty(rows_total * D_QK, dtype=torch.float32, device=dev)
     o_part = torch.empty(splits * rows_total * D_LAT, dtype=torch.float32, device=dev)

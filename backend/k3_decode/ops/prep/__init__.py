@@ -1,6 +1,7 @@
 """Decode prep kernels (CuTe DSL): RMSNorm + SiTU-GLU rows and the MLA latent cache insert.
 
-See `op.rms_glu_prep` / `op.mla_kv_insert` / `op.mla_prep` / `op.mla_qb` for the API and `kernel` for the design.
+See `op.rms_glu_prep` / `op.mla_kv_insert` / `op.mla_prep` / `op.mla_qb` for the API and `kernel`
+for the design.
 """
 
 from backend.k3_decode.ops.prep.op import (
