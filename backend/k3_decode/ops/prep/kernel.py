@@ -337,8 +337,8 @@ def mla_qb_kernel(q_c: cute.Pointer, q_w: cute.Pointer, w: cute.Pointer, y: cute
                   k: cutlass.Constexpr, tt: cutlass.Constexpr, q_eps: cutlass.Constexpr,
                   fp8: cutlass.Constexpr, eps: cutlass.Constexpr):
     """CTAs x < ceil(N / 8): one warp per q_b row, `y[t, row] = rsqrt(mean(q_c[t]^2) + q_eps) *
-    (W[row] . (q_c[t] * q_w))`; CTA x = ceil(N / 8): warp i inserts token `tt * y + i`'s cache
-    row (`_kv_insert_row`)."""
+    (W[row] . (q_c[t] * q_w))`; CTA x = ceil(N / 8): warp i inserts token `tt * blockIdx.y + i`'s
+    cache row (`_kv_insert_row`)."""
     cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
     rb, tb, _ = cute.arch.block_idx()
     warp = cute.arch.warp_idx()
