@@ -219,32 +219,38 @@ def check_kv_insert(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_norm_w: torch.Ten
 def compile_kv_insert(key: KvInsertKey, extra_options: str = ""):
     """Compile (once per key) the `mla_kv_insert` launcher; no GPU is needed."""
     import cuda.bindings.driver as cuda
-    import cutlass
     from cutlass import cute
 
     from backend.k3_decode.ops.prep.kernel import mla_kv_insert_launch
 
+    return cute.compile(mla_kv_insert_launch, *_kv_fake_args(key.fp8), cuda.CUstream(0),
+                        key.fp8, key.eps, options=f"--gpu-arch {key.arch} {extra_options}".strip())
+
+
+def _kv_fake_args(fp8: bool, count: bool = True) -> list:
+    """Placeholders of `_kv_args` for `cute.compile` (`count`: with the token count)."""
+    import cutlass
+
     bf, i32, i64 = cutlass.BFloat16, cutlass.Int32, cutlass.Int64
-    cache = fake_ptr(cutlass.Uint8 if key.fp8 else bf)
-    args = [fake_ptr(bf), fake_ptr(bf), fake_ptr(bf), cache, fake_ptr(i32, 4), fake_ptr(i32, 4),
-            fake_ptr(cutlass.Float32, 4), i32(1)] + [i64(1)] * 5 + [i32(1)] * 4
-    return cute.compile(mla_kv_insert_launch, *args, cuda.CUstream(0), key.fp8, key.eps,
-                        options=f"--gpu-arch {key.arch} {extra_options}".strip())
+    cache = fake_ptr(cutlass.Uint8 if fp8 else bf)
+    return ([fake_ptr(bf), fake_ptr(bf), fake_ptr(bf), cache, fake_ptr(i32, 4), fake_ptr(i32, 4),
+             fake_ptr(cutlass.Float32, 4)] + [i32(1)] * count + [i64(1)] * 5 + [i32(1)] * 4)
 
 
 def _kv_args(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_norm_w: torch.Tensor,
              kv_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
-             kv_scale: torch.Tensor, t: int, bs: int, q_per_request: int) -> list:
-    """The cache-insert launch arguments (pointers, token count, strides, sizes), checked inputs."""
+             kv_scale: torch.Tensor, t: int | None, bs: int, q_per_request: int) -> list:
+    """The cache-insert launch arguments (pointers, token count, strides, sizes), checked inputs;
+    `t=None` leaves the token count out (a launcher that takes it earlier, `mla_qb`)."""
     import cutlass
 
     cache = kv_cache.view(torch.uint8) if kv_cache.dtype == F8 else kv_cache
     i32, i64 = cutlass.Int32, cutlass.Int64
-    return [ptr(kv_c), ptr(k_pe), ptr(kv_norm_w), ptr(cache), ptr(block_table, 4),
-            ptr(positions, 4), ptr(kv_scale.reshape(1), 4), i32(t), i64(kv_c.stride(0)),
-            i64(k_pe.stride(0)), i64(block_table.stride(0)), i64(cache.stride(0)),
-            i64(cache.stride(1)), i32(q_per_request), i32(bs.bit_length() - 1),
-            i32(block_table.shape[1]), i32(kv_cache.shape[0])]
+    return ([ptr(kv_c), ptr(k_pe), ptr(kv_norm_w), ptr(cache), ptr(block_table, 4),
+             ptr(positions, 4), ptr(kv_scale.reshape(1), 4)] + ([] if t is None else [i32(t)])
+            + [i64(kv_c.stride(0)), i64(k_pe.stride(0)), i64(block_table.stride(0)),
+               i64(cache.stride(0)), i64(cache.stride(1)), i32(q_per_request),
+               i32(bs.bit_length() - 1), i32(block_table.shape[1]), i32(kv_cache.shape[0])])
 
 
 def mla_kv_insert(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_norm_w: torch.Tensor,
@@ -288,11 +294,8 @@ def compile_mla_prep(key: MlaPrepKey, extra_options: str = ""):
 
     from backend.k3_decode.ops.prep.kernel import mla_prep_launch
 
-    bf, i32, i64 = cutlass.BFloat16, cutlass.Int32, cutlass.Int64
-    cache = fake_ptr(cutlass.Uint8 if key.fp8 else bf)
-    args = [fake_ptr(bf), fake_ptr(bf), fake_ptr(bf), i64(1), i64(1)]
-    args += [fake_ptr(bf), fake_ptr(bf), fake_ptr(bf), cache, fake_ptr(i32, 4), fake_ptr(i32, 4),
-             fake_ptr(cutlass.Float32, 4), i32(1)] + [i64(1)] * 5 + [i32(1)] * 4
+    bf, i64 = cutlass.BFloat16, cutlass.Int64
+    args = [fake_ptr(bf), fake_ptr(bf), fake_ptr(bf), i64(1), i64(1)] + _kv_fake_args(key.fp8)
     return cute.compile(mla_prep_launch, *args, cuda.CUstream(0), key.q_la, key.q_eps, key.fp8,
                         key.eps, options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
@@ -369,11 +372,8 @@ def compile_mla_qb(key: MlaQbKey, extra_options: str = ""):
     from backend.k3_decode.ops.prep.kernel import mla_qb_launch
 
     bf, i32, i64 = cutlass.BFloat16, cutlass.Int32, cutlass.Int64
-    cache = fake_ptr(cutlass.Uint8 if key.fp8 else bf)
     args = [fake_ptr(bf), fake_ptr(bf), fake_ptr(bf), fake_ptr(bf, 4), i32(1), i32(1), i64(1),
-            i64(1)]
-    args += [fake_ptr(bf), fake_ptr(bf), fake_ptr(bf), cache, fake_ptr(i32, 4), fake_ptr(i32, 4),
-             fake_ptr(cutlass.Float32, 4)] + [i64(1)] * 5 + [i32(1)] * 4
+            i64(1)] + _kv_fake_args(key.fp8, count=False)
     return cute.compile(mla_qb_launch, *args, cuda.CUstream(0), key.k, key.tt, key.q_eps,
                         key.fp8, key.eps, options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
@@ -420,11 +420,10 @@ def mla_qb(q_c: torch.Tensor, q_norm_w: torch.Tensor, w_qb: torch.Tensor, kv_c: 
     fn = compile_mla_qb(MlaQbKey(k, t, float(q_eps), fp8, float(eps), target_arch()))
     import cutlass
 
-    kv = _kv_args(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions, kv_scale, t, bs,
-                  q_per_request)
     fn(ptr(q_c), ptr(q_norm_w), ptr(w_qb), ptr(out, 4), cutlass.Int32(n), cutlass.Int32(t),
-       cutlass.Int64(q_c.stride(0)), cutlass.Int64(out.stride(0)), *kv[:7], *kv[8:],
-       stream_of(q_c.device))
+       cutlass.Int64(q_c.stride(0)), cutlass.Int64(out.stride(0)),
+       *_kv_args(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions, kv_scale, None, bs,
+                 q_per_request), stream_of(q_c.device))
     return out
 
 
