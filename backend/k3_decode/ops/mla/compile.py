@@ -124,7 +124,7 @@ def launch_mla_decode(
     token_groups = (n_tokens + tokens_per_cta - 1) // tokens_per_cta
     if cutlass.const_expr(fused):
         row_groups = (q_len * n_heads + km.M_TILE - 1) // km.M_TILE
-        n_ctas = 2 * n_heads * token_groups * 4 + row_groups * n_splits * n_req
+        n_ctas = kc.core_ctas(n_req, n_heads, q_len, n_splits, tokens_per_cta)
         kc.mla_core_kernel(
             q_nope, q_pe, w_uk_t, kv_scale, cache, block_table, seq_lens, gate, w_uv, out,
             q_lat, o_part, lse_part, ctr, n_req, n_heads, q_len, bt_stride, block_size, chunk,

@@ -100,8 +100,9 @@ def mla_core_kernel(
                 g[i] = cutlass.Int32(0)
 
 
-def core_ctas(n_req: int, n_heads: int, q_len: int, n_splits: int, tokens_per_cta: int) -> int:
-    """CTAs of one ``mla_core_kernel`` launch (host side, for the fits-at-once check)."""
-    token_groups = -(-(n_req * q_len) // tokens_per_cta)
-    row_groups = -(-(q_len * n_heads) // M_TILE)
+def core_ctas(n_req, n_heads, q_len, n_splits, tokens_per_cta):
+    """CTAs of one ``mla_core_kernel`` launch: Python ints (``op.mla_decode``'s fits-at-once
+    check) or the launcher's runtime Int32 values (its grid), the same formula for both."""
+    token_groups = (n_req * q_len + tokens_per_cta - 1) // tokens_per_cta
+    row_groups = (q_len * n_heads + M_TILE - 1) // M_TILE
     return 2 * n_heads * token_groups * 4 + row_groups * n_splits * n_req
