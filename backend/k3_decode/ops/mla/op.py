@@ -112,9 +112,8 @@ def mla_decode(
                                 n_splits=n_splits, ctas_per_sm=tiling.ctas_per_sm,
                                 min_ctas=tiling.min_ctas)
     n_core = core_ctas(shape.n_req, shape.n_heads, shape.q_len, splits, tiling.tokens_per_cta)
-    can_fuse = (tiling.variant == "mma" and not pdl
+    can_fuse = (tiling.variant == "mma" and not pdl and counter is not None
                 and n_core <= _num_sms(dev.index or 0) * CORE_CTAS_PER_SM)
-    can_fuse = can_fuse and counter is not None
     if fused is None:
         fused = can_fuse and envs.K3_DECODE_MLA_FUSED == "1"
     elif fused and not can_fuse:
