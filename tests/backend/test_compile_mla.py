@@ -60,6 +60,19 @@ def test_fused_build_is_one_kernel_without_spills(arch, cache):
     assert 0 < rep.registers <= 255
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_build_without_absorb_is_attend_and_combine(arch):
+    """``absorb=False`` (the caller wrote q_lat, ``prep.mla_qb_absorb``): only the attention and
+    combine kernels are built; with ``fused`` it is refused."""
+    from backend.k3_decode.ops.mla.compile import compile_mla_decode
+
+    _, reports = compile_report("fp8", arch, Tiling(), absorb=False)
+    assert sorted(r.kernel.split("_kernel")[0].replace("kernel_cutlass_", "") for r in reports) \
+        == ["attend_mma", "combine"], reports
+    with pytest.raises(ValueError, match="fused=True runs its own absorb stage"):
+        compile_mla_decode("fp8", Tiling(), fused=True, absorb=False)
+
+
 @pytest.mark.parametrize("tiling,pdl", [(Tiling(variant="simt"), False), (Tiling(), True)])
 def test_fused_build_refuses_simt_attention_and_pdl(tiling, pdl):
     from backend.k3_decode.ops.mla.compile import compile_mla_decode

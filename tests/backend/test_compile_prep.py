@@ -1,5 +1,7 @@
-"""The prep kernels (`rms_glu_prep`, `mla_kv_insert`, the fused `mla_prep` and `mla_qb`) compile with no GPU for sm_90a and sm_100a,
-with no register spills and no local-memory stack, for every K3 use and the size corners.
+"""The prep kernels (`rms_glu_prep`, `mla_kv_insert`, the fused `mla_prep`, `mla_qb` and
+`mla_qb_absorb`) compile with no GPU for sm_90a and sm_100a, with no register spills and no
+local-memory stack, for every K3 use and the size corners; `mla_qb_absorb`'s 768-thread CTAs
+within the registers a CTA of that size may use (65536 / 768 = 85 per thread).
 
 One subprocess per arch compiles the specialisations with `CUTE_DSL_COMPILER_OPT="remarks{ptx}"`
 and the test parses ptxas's per-kernel report (one entry per specialisation).
@@ -24,7 +26,7 @@ SCRIPT = f"""
 import sys
 from backend.k3_decode.ops.prep.op import (KvInsertKey, MlaPrepKey, MlaQbKey, RmsGluKey,
                                           compile_kv_insert, compile_mla_prep, compile_mla_qb,
-                                          compile_rms_glu)
+                                          compile_mla_qba, compile_rms_glu)
 arch = sys.argv[1]
 for la, inter, w in {GLU_SHAPES}:
     compile_rms_glu(RmsGluKey(la, inter, w, 1e-6, 4.0, 25.0, arch))
@@ -34,6 +36,7 @@ compile_mla_prep(MlaPrepKey(1536, 1e-6, True, 1e-6, arch))
 compile_mla_prep(MlaPrepKey(1536, 1e-6, False, 1e-6, arch))
 for k, tt, fp8 in ((1536, 1, True), (1536, 2, True), (1536, 1, False), (4096, 2, True)):
     compile_mla_qb(MlaQbKey(k, tt, 1e-6, fp8, 1e-6, arch))  # 4096: mla_qb's widest K
+    compile_mla_qba(MlaQbKey(min(k, 2048), tt, 1e-6, fp8, 1e-6, arch))  # 2048: mla_qba's widest
 print("COMPILED", arch)
 """
 
@@ -57,10 +60,15 @@ def test_prep_kernels_compile_without_spills(arch: str) -> None:
     assert len(fused) == 2, fused
     qb = [n for n, _ in entries if "mla_qb_kernel" in n]
     assert len(qb) == 4, qb
+    qba = [n for n, _ in entries if "mla_qba_kernel" in n]
+    assert len(qba) == 4, qba
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
-    assert len(spills) == len(entries) == len(GLU_SHAPES) + 8, "missing ptxas resource reports"
+    assert len(spills) == len(entries) == len(GLU_SHAPES) + 12, "missing ptxas resource reports"
     assert all(s == "0" and ld == "0" for s, ld in spills), f"register spills: {spills}"
     stack = re.findall(r"(\d+) bytes stack frame", text)
     assert stack and all(v == "0" for v in stack), f"local-memory stack frame: {stack}"
     regs = [int(r) for r in re.findall(r"Used (\d+) registers", text)]
     assert len(regs) == len(entries) and max(regs) <= 255, regs
+    names = re.findall(r"Compiling entry function '([^']+)'", text)
+    qba_regs = [r for n, r in zip(names, regs, strict=True) if "mla_qba_kernel" in n]
+    assert max(qba_regs) <= 65536 // 768, f"mla_qba_kernel cannot launch 768 threads: {qba_regs}"

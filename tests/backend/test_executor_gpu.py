@@ -226,35 +226,44 @@ def test_kda_moe_layer_kernel_count() -> None:
     assert len(base) > len(names4)
 
 
-@pytest.mark.parametrize("qb,fused", [("1", "0"), ("0", "0"), ("1", "1")])
-def test_mla_moe_layer_kernel_count(qb: str, fused: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Kernels one MLA + MoE layer launches at 1 token: 12 by default (AttnRes x2, q_a|kv_a|gate
-    GEMV, the q_b projection with the q norm + cache insert in its launch, absorb / attend /
-    combine, o_proj, router + front, two expert kernels, tail GEMV); one more with
-    `K3_DECODE_MLA_QB=0` (the separate q norm + cache insert launch), two fewer with
-    `K3_DECODE_MLA_FUSED=1` (the one-launch MLA decode). At 4 tokens: the q norm + cache insert
-    launch before the q_b GEMV, router and front apart, and the MLA decode fused only where its
-    grid fits on the GPU at once (14 launches with it apart)."""
+@pytest.mark.parametrize("qb,qba,fused", [("1", "1", "0"), ("1", "0", "0"), ("0", "1", "0"),
+                                           ("1", "0", "1"), ("1", "1", "1")])
+def test_mla_moe_layer_kernel_count(qb: str, qba: str, fused: str,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernels one MLA + MoE layer launches at 1 token: 11 by default (AttnRes x2, q_a|kv_a|gate
+    GEMV, the q_b projection with the q norm, the cache insert and the MLA decode's absorb in
+    its launch, attend / combine, o_proj, router + front, two expert kernels, tail GEMV); one
+    more with `K3_DECODE_MLA_QBA=0` (absorb apart), two more with `K3_DECODE_MLA_QB=0` (the
+    separate q norm + cache insert launch, the q_b GEMV, absorb); with absorb apart,
+    `K3_DECODE_MLA_FUSED=1` makes absorb / attend / combine one launch (10). At 4 tokens: the q
+    norm + cache insert launch before the q_b GEMV, router and front apart, and the MLA decode
+    fused only where its grid fits on the GPU at once (14 launches with it apart)."""
     monkeypatch.setenv("K3_DECODE_MLA_QB", qb)
+    monkeypatch.setenv("K3_DECODE_MLA_QBA", qba)
     monkeypatch.setenv("K3_DECODE_MLA_FUSED", fused)
     _, _, spec, inp = _three(8, 5, 896, 1, 1, 1024)
     pos = next(i for i, x in enumerate(spec.weights.layers) if x.kind == "mla")
     names = M.layer_kernels(spec, pos, inp)
     _, _, spec4, inp4 = _three(8, 5, 896, 4, 1, 1024)
     names4 = M.layer_kernels(spec4, pos, inp4)
-    want = 10 + (qb == "0") + 2 * (fused == "0")
+    in_qb = qb == "1" and qba == "1"  # absorb rides in the q_b launch
+    one_core = fused == "1" and not in_qb
+    want = 12 - in_qb + (qb == "0") - 2 * one_core
     # 4 requests at 1k: 16 splits, 48 + 64 + 48 = 160 CTAs, more than the GPU's SMs: never fused
     core4 = sum("mla_core" in n for n in names4)
     ok = len(names) == want and len(names4) == 14 and core4 == 0
-    record_case(op="executor_kernels", case=f"mla_moe_layer qb={qb} fused={fused} "
+    record_case(op="executor_kernels", case=f"mla_moe_layer qb={qb} qba={qba} fused={fused} "
                 f"spec={len(names)} spec_b4={len(names4)}", dtype="-", max_abs_err=0.0,
                 max_rel_err=0.0, atol=0.0, rtol=0.0, passed=ok)
     assert len(names) == want, names
     assert len(names4) == 14, names4
-    assert sum("mla_qb" in n for n in names) == (qb == "1"), names
+    assert sum("mla_qba_kernel" in n for n in names) == in_qb, names
+    assert sum("mla_qb_kernel" in n for n in names) == (qb == "1" and not in_qb), names
+    assert sum("absorb_kernel" in n for n in names) == (not in_qb and not one_core), names
     assert sum("mla_prep" in n for n in names) == (qb == "0"), names
-    assert sum("mla_core" in n for n in names) == (fused == "1"), names
+    assert sum("mla_core" in n for n in names) == one_core, names
     assert sum("mla_prep" in n for n in names4) == 1, names4
+    assert sum("absorb_kernel" in n for n in names4) == 1, names4
 
 
 @pytest.mark.parametrize("profile", ["k3-hopper", "k3-hopper-perf"])
@@ -338,6 +347,7 @@ def test_mla_qb_launch_matches_the_separate_q_norm(reqs: int, monkeypatch) -> No
     (``K3_DECODE_MLA_QB=0``): the MLA attention block on one input agrees with float64 as well
     either way (the fused path does not round the normalised row to bf16), one launch fewer."""
     monkeypatch.setenv("K3_DECODE_MLA_QB", "1")
+    monkeypatch.setenv("K3_DECODE_MLA_QBA", "0")  # absorb apart in both (see the next test)
     ref, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
     monkeypatch.setenv("K3_DECODE_MLA_QB", "0")
     cfg = spec.weights.config
@@ -366,6 +376,47 @@ def test_mla_qb_launch_matches_the_separate_q_norm(reqs: int, monkeypatch) -> No
     assert ok, (err, names_a, names_b)
     assert any("mla_qb" in n for n in names_a) and not any("mla_prep" in n for n in names_a)
     assert any("mla_prep" in n for n in names_b) and not any("mla_qb" in n for n in names_b)
+
+
+@pytest.mark.parametrize("reqs", [1, 2])
+def test_mla_qba_launch_gives_the_same_mla_block(reqs: int, monkeypatch) -> None:
+    """At 1-2 tokens the MLA decode's absorb rides in the q_b projection's launch
+    (`mla_qb_absorb`, default) or runs as its own launch (``K3_DECODE_MLA_QBA=0``): the MLA
+    block's output and the cache it writes are the same bytes either way (the same sums in the
+    same order), one launch fewer; and the whole step replays to the same logits."""
+    monkeypatch.setenv("K3_DECODE_MLA_QB", "1")
+    monkeypatch.setenv("K3_DECODE_MLA_QBA", "1")
+    _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
+    monkeypatch.setenv("K3_DECODE_MLA_QBA", "0")
+    cfg = spec.weights.config
+    apart = Executor(KernelOps(cfg, max_context=1024), spec.weights, spec.caches.clone(),
+                     max_tokens=reqs)
+    assert spec.ops._mla_qba is not None and apart.ops._mla_qba is None
+    layer = next(x for x in spec.weights.layers if x.kind == "mla")
+    g = torch.Generator(device="cuda").manual_seed(31 + reqs)
+    h = torch.randn(reqs, cfg.hidden, device="cuda", generator=g).to(torch.bfloat16)
+    outs, caches = {}, {}
+    for name, ex in (("qba", spec), ("apart", apart)):
+        o = torch.empty(reqs, cfg.hidden, dtype=torch.bfloat16, device="cuda")
+        cache = ex.caches.mla[layer.index]
+        ex.ops.mla(layer.attn, h, cache, inp, o)
+        outs[name] = o
+        caches[name] = cache.kv_cache.view(torch.uint8).clone()
+    torch.cuda.synchronize()
+    pos = spec.weights.layers.index(layer)
+    names_a, names_b = M.layer_kernels(spec, pos, inp), M.layer_kernels(apart, pos, inp)
+    same = torch.equal(outs["qba"], outs["apart"]) and torch.equal(caches["qba"],
+                                                                    caches["apart"])
+    record_case(op="executor_mla_qba", case=f"tp8-r{reqs} mla block qba vs absorb apart: "
+                f"bitwise={same}", dtype="bfloat16", max_abs_err=float(
+                    (outs["qba"].float() - outs["apart"].float()).abs().max()),
+                max_rel_err=0.0, atol=0.0, rtol=0.0, passed=same)
+    assert same
+    assert len(names_a) == len(names_b) - 1, (names_a, names_b)
+    assert any("mla_qba_kernel" in n for n in names_a), names_a
+    assert not any("absorb_kernel" in n for n in names_a), names_a
+    assert any("absorb_kernel" in n for n in names_b), names_b
+    assert _same_replay(spec, apart, inp, "executor_mla_qba", f"tp8-r{reqs}-graph-replay-bitwise")
 
 
 def test_greedy_agreement_over_512_steps() -> None:

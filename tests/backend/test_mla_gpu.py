@@ -363,3 +363,40 @@ def test_mla_decode_fused_refuses_a_grid_that_does_not_fit(monkeypatch):
                                                       counter=counter))
              if "kernel_cutlass" in n]
     assert len(names) == 3 and not any("mla_core" in n for n in names), names
+
+
+def test_mla_decode_takes_a_precomputed_q_lat_and_skips_absorb():
+    """``q_lat=`` (the absorbed query, as ``prep.mla_qb_absorb`` writes it): the output agrees
+    with the plain call's (``q_lat`` here summed by torch in absorb's grouping, equal up to the
+    last bits; the bit-exact comparison with ``mla_qb_absorb`` is in test_prep_gpu.py), only
+    attend and combine launch, and a wrong shape / dtype, or ``fused=True`` with it, raises
+    before any launch."""
+    from backend.k3_decode.executor.measure import kernels_in
+    from backend.k3_decode.ops.mla import MlaInputError, mla_decode
+
+    inp = make_inputs(12, [700], 1, "fp8", 64, seed=8)
+    kw = {k: inp[k] for k in ("q_nope", "q_pe", "gate", "kv_cache", "block_table", "seq_lens",
+                              "w_uk_t", "w_uv")}
+    sm, ks = 192**-0.5, inp["kv_scale"]
+    qs = sm * 1.4426950408889634 * ks
+    qn = inp["q_nope"].float()
+    w = inp["w_uk_t"].float()
+    parts = [torch.einsum("thd,hdc->thc", qn[..., 32 * gi:32 * gi + 32], w[:, 32 * gi:32 * gi + 32])
+             for gi in range(4)]
+    lat = ((parts[0] + parts[1]) + parts[2]) + parts[3]
+    q_lat = torch.cat([lat * qs, inp["q_pe"].float() * qs], dim=-1).contiguous()
+    plain = mla_decode(**kw, kv_scale=ks, softmax_scale=sm)
+    given = mla_decode(**kw, kv_scale=ks, softmax_scale=sm, q_lat=q_lat)
+    torch.cuda.synchronize()
+    rel = float((plain.float() - given.float()).norm() / plain.float().norm())
+    assert rel < 5e-3, rel
+    names = [n for n in kernels_in(lambda: mla_decode(**kw, kv_scale=ks, q_lat=q_lat))
+             if "kernel_cutlass" in n]
+    assert len(names) == 2 and not any("absorb" in n for n in names), names
+    for bad, match in ((q_lat[..., :512], "q_lat: expected"), (q_lat.double(), "q_lat: expected"),
+                       (q_lat.view(-1), "q_lat: expected")):
+        with pytest.raises(MlaInputError, match=match):
+            mla_decode(**kw, kv_scale=ks, q_lat=bad)
+    counter = torch.zeros(4, dtype=torch.int32, device="cuda")
+    with pytest.raises(MlaInputError, match=r"runs its own absorb stage \(q_lat= was given\)"):
+        mla_decode(**kw, kv_scale=ks, fused=True, counter=counter, q_lat=q_lat)

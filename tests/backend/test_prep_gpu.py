@@ -377,3 +377,86 @@ def test_mla_qb_matches_float64_and_inserts_like_mla_kv_insert(
     mla_kv_insert(**kv, q_per_request=q)
     torch.cuda.synchronize()
     assert torch.equal(_codes(kv["kv_cache"].cpu()), _codes(fused_cache))
+
+
+# ---------------------------------------------------------------- mla_qb_absorb (+ the absorb)
+
+
+@pytest.mark.parametrize("r,q,bs,dtype,kv_scale,heads,graph", [
+    (1, 1, 16, F8, 0.05, 12, False), (1, 1, 16, F8, 0.05, 12, True),
+    (2, 1, 64, BF, 1.0, 12, True), (1, 2, 256, F8, 1.0, 6, False), (1, 1, 64, F8, 0.5, 1, True)])
+def test_mla_qb_absorb_is_mla_qb_then_absorb_bit_for_bit(
+        r: int, q: int, bs: int, dtype: torch.dtype, kv_scale: float, heads: int,
+        graph: bool) -> None:
+    """The q_b projection with the absorb in its launch (`mla_qb_absorb`, clusters of 8 CTAs per
+    head) gives the same bytes as `mla_qb` followed by `mla_decode`'s own absorb: the q_b output,
+    the cache rows, and the MLA decode's output from its `q_lat` (12 heads = TP8, 6 = TP16, 1;
+    1-2 tokens; fp8 / bf16 cache; eager and as a graph replayed on fresh inputs); `q_lat` also
+    against float64 `[q_nope @ W_UK_T, q_pe] * scale` from the bf16 q_b output."""
+    from backend.k3_decode.ops.mla import mla_decode
+    from backend.k3_decode.ops.prep import mla_qb, mla_qb_absorb
+
+    t, k, n, sm = r * q, 1536, 192 * heads, 192**-0.5
+
+    def inputs(seed: int) -> tuple[dict, dict, dict]:
+        kv = kv_case(r, q, bs, dtype, kv_scale, seed=seed)
+        g = _gen(seed + 70)
+        qp = {"q_c": _rn(g, t, k + 40, scale=2.0)[:, 16:16 + k],
+              "q_norm_w": _rn(g, k, scale=0.2, shift=1.0), "w_qb": _rn(g, n, k, scale=0.05)}
+        md = {"w_uk_t": _rn(g, heads, 128, 512, scale=0.1),
+              "w_uv": _rn(g, heads, 512, 128, scale=0.1), "gate": _rn(g, t, heads * 128)}
+        return kv, qp, md
+
+    kv, qp, md = inputs(5)
+    g0 = _gen(99)
+    fill = (torch.randn(kv["kv_cache"].shape, generator=g0) * 2).to(dtype).cuda()
+    seq = kv["positions"].view(r, q)[:, -1].to(torch.int32) + 1
+    out_b = torch.empty(t, n, dtype=BF, device="cuda")
+    q_lat = torch.empty(t, heads, 576, dtype=torch.float32, device="cuda")
+    run = lambda: mla_qb_absorb(**qp, **kv, w_uk_t=md["w_uk_t"], softmax_scale=sm,  # noqa: E731
+                                q_per_request=q, out=out_b, q_lat=q_lat)
+    if graph:
+        run()
+        torch.cuda.synchronize()
+        gr = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(gr):
+            run()
+        new = inputs(6)
+        for old, fresh in zip((kv, qp, md), new, strict=True):
+            for name in old:
+                if name != "kv_cache":
+                    old[name].copy_(fresh[name])
+        seq.copy_(kv["positions"].view(r, q)[:, -1] + 1)
+    kv["kv_cache"].copy_(fill)
+    poison_(out_b)
+    poison_(q_lat)
+    torch.cuda.synchronize()
+    if graph:
+        gr.replay()
+    else:
+        run()
+    torch.cuda.synchronize()
+    cache_b = kv["kv_cache"].clone()
+
+    def decode(qb: torch.Tensor, ql: torch.Tensor | None) -> torch.Tensor:
+        v = qb.view(t, heads, 192)
+        return mla_decode(v[..., :128], v[..., 128:], md["gate"], kv["kv_cache"],
+                          kv["block_table"], seq, md["w_uk_t"], md["w_uv"], q_per_request=q,
+                          kv_scale=kv["kv_scale"], softmax_scale=sm, q_lat=ql)
+
+    dec_b = decode(out_b, q_lat)
+    kv["kv_cache"].copy_(fill)
+    out_a = mla_qb(**qp, **kv, q_per_request=q)
+    torch.cuda.synchronize()
+    assert torch.equal(_codes(kv["kv_cache"]), _codes(cache_b)), "cache rows differ"
+    dec_a = decode(out_a, None)
+    torch.cuda.synchronize()
+    case = f"mla_qb_absorb/t{t}/q{q}/h{heads}/bs{bs}/graph{int(graph)}"
+    qs = sm * 1.4426950408889634 * float(kv["kv_scale"])
+    v = out_b.cpu().double().view(t, heads, 192)
+    ref = torch.cat([torch.einsum("thd,hdc->thc", v[..., :128], md["w_uk_t"].cpu().double()),
+                     v[..., 128:]], dim=-1) * qs
+    ok, msg = check_and_record("mla_qb_absorb", case, q_lat, ref, 1e-5, 1e-5, 1e-5)
+    assert ok, msg
+    assert torch.equal(_codes(out_a), _codes(out_b)), "q_b outputs differ"
+    assert torch.equal(_codes(dec_a), _codes(dec_b)), "MLA decode outputs differ"

@@ -286,3 +286,56 @@ def test_qb_fits_takes_one_or_two_tokens_of_whole_vector_widths() -> None:
     assert qb_fits(1, 1536) and qb_fits(2, 1536) and qb_fits(2, 256)
     assert not qb_fits(3, 1536) and not qb_fits(0, 1536)
     assert not qb_fits(1, 1000) and not qb_fits(1, 1 << 15)
+
+
+def _mla_qba_kwargs(t: int = 2, q: int = 1, heads: int = 12) -> dict:
+    return {**_mla_qb_kwargs(t, q), "w_qb": torch.zeros(192 * heads, 1536, dtype=BF),
+            "w_uk_t": torch.zeros(heads, 128, 512, dtype=BF), "softmax_scale": 192**-0.5}
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"q_c": torch.zeros(3, 1536, dtype=BF)}, "3 tokens of width K=1536: mla_qb_absorb takes"),
+    ({"w_qb": torch.zeros(2296, 1536, dtype=BF)}, "w_qb has 2296 rows: mla_qb_absorb takes a "
+                                                  "whole number of heads of 192 rows"),
+    ({"w_qb": torch.zeros(192 * 129, 1536, dtype=BF)}, r"1\.\.128 heads"),
+    ({"w_uk_t": torch.zeros(12, 128, 256, dtype=BF)}, "w_uk_t must have shape"),
+    ({"w_uk_t": torch.zeros(12, 128, 512)}, "w_uk_t must be torch.bfloat16"),
+    ({"q_lat": torch.zeros(2, 12, 576, dtype=BF)}, "q_lat must be torch.float32"),
+    ({"q_lat": torch.zeros(2, 12, 512)}, "q_lat must have shape"),
+    ({"q_lat": torch.zeros(2, 24, 576)[:, ::2]}, "q_lat must be contiguous"),
+    ({"q_lat": "out"}, "q_lat overlaps out"),
+    ({"softmax_scale": float("nan")}, "softmax_scale=nan must be a finite number"),
+    ({"q_c": torch.zeros(2, 2304, dtype=BF), "w_qb": torch.zeros(2304, 2304, dtype=BF),
+      "q_norm_w": torch.ones(2304, dtype=BF)},
+     "K=2304: mla_qb_absorb takes K up to 2048"),
+    ({"out": "kv_c"}, "out overlaps kv_c"),
+    ({}, "needs CUDA tensors"),
+])
+def test_mla_qb_absorb_checks_every_input_before_compiling(change: dict, match: str) -> None:
+    """`mla_qb_absorb` checks what `mla_qb` checks (the same function) plus a whole number of
+    192-row heads, `w_uk_t`'s and `q_lat`'s shapes, and a `q_lat` sharing bytes with anything;
+    nothing compiles first."""
+    from backend.k3_decode.ops.prep import compile_mla_qba, mla_qb_absorb
+
+    kw = _mla_qba_kwargs()
+    kw.update(change)
+    if isinstance(kw.get("q_lat"), str):  # q_lat's bytes inside out's
+        kw["out"] = torch.zeros(2, 2304 * 8, dtype=BF)[:, :2304]
+        kw["q_lat"] = kw["out"]._base.view(-1).view(torch.float32)[: 2 * 12 * 576].view(2, 12, 576)
+    elif isinstance(kw.get("out"), str):  # out and kv_c: overlapping slices of one buffer
+        big = torch.zeros(2, 4000, dtype=BF)
+        kw["out"] = big[:, :2304]
+        kw["kv_c"] = big[:, 1536:2048]
+    compiled = compile_mla_qba.cache_info().currsize
+    with pytest.raises(PrepInputError, match=match):
+        mla_qb_absorb(**kw)
+    assert compile_mla_qba.cache_info().currsize == compiled, "compiled before the checks"
+
+
+def test_qba_fits_takes_whole_heads_of_192_rows() -> None:
+    from backend.k3_decode.ops.prep import qba_fits
+
+    assert qba_fits(1, 1536, 2304) and qba_fits(2, 1536, 1152) and qba_fits(1, 1536, 192)
+    assert not qba_fits(1, 1536, 2300) and not qba_fits(3, 1536, 2304)
+    assert not qba_fits(1, 1000, 2304) and not qba_fits(1, 1536, 192 * 129)
+    assert qba_fits(2, 2048, 2304) and not qba_fits(1, 2304, 2304)

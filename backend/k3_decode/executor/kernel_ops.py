@@ -41,7 +41,7 @@ from backend.k3_decode.ops.gemv.op import normed_fits
 from backend.k3_decode.ops.gemv.op import pick_variant as gemv_variant
 from backend.k3_decode.ops.moe.op import MAX_TOKENS as MOE_MAX_TOKENS
 from backend.k3_decode.ops.moe.op import W2_PASSES
-from backend.k3_decode.ops.prep.op import qb_fits
+from backend.k3_decode.ops.prep.op import qb_fits, qba_fits
 
 
 def torch_rms_glu_prep(a: torch.Tensor | None, a_weight: torch.Tensor | None,
@@ -91,7 +91,7 @@ class KernelOps:
         from backend.k3_decode.ops.kda import kda_decode
         from backend.k3_decode.ops.mla import mla_decode
         from backend.k3_decode.ops.moe import moe_experts
-        from backend.k3_decode.ops.prep import mla_prep, mla_qb, rms_glu_prep
+        from backend.k3_decode.ops.prep import mla_prep, mla_qb, mla_qb_absorb, rms_glu_prep
         from backend.k3_decode.ops.router import route
 
         self.cfg = cfg
@@ -109,6 +109,8 @@ class KernelOps:
         self._route, self._attn_res, self._prep, self._mla_prep = (route, attn_res_norm,
                                                                    rms_glu_prep, mla_prep)
         self._mla_qb = mla_qb if envs.K3_DECODE_MLA_QB and not self._torch_prep else None
+        self._mla_qba = mla_qb_absorb if self._mla_qb is not None and envs.K3_DECODE_MLA_QBA \
+            else None
         self._mla_fused = None if envs.K3_DECODE_MLA_FUSED == "1" else False  # None: if it fits
         self.max_context = max_context
         self._side = torch.cuda.Stream() if side_stream else None
@@ -163,15 +165,23 @@ class KernelOps:
         m = self.cfg.mla
         t, nh = h.shape[0], m.num_heads
         nope, rope = m.qk_nope_head_dim, m.qk_rope_head_dim
+        q_lat = None  # the absorbed query, where the q_b launch writes it
         proj = self._gemv(h, w.qkv_a_g)  # one GEMV; the MLA op reads the gate rows in place
         q_c, kv_c, k_pe, gate = proj.split([m.q_lora_rank, m.kv_lora_rank, rope,
                                             nh * m.v_head_dim], dim=-1)
         if (self._mla_qb is not None and qb_fits(t, m.q_lora_rank)
                 and gemv_variant("auto", t, *w.q_b.shape) == "simt"):
             # q_b projection of the normalised q_a row + kv RMSNorm / cache insert: one launch
-            qb = self._mla_qb(q_c, w.q_a_norm, w.q_b, kv_c, k_pe, w.kv_a_norm, cache.kv_cache,
-                              inp.block_table, inp.positions, cache.kv_scale,
-                              q_per_request=inp.q, eps=m.norm_eps, q_eps=m.norm_eps)
+            # (with the MLA decode's absorb too, where `mla_qb_absorb` fits)
+            kv_args = (kv_c, k_pe, w.kv_a_norm, cache.kv_cache, inp.block_table, inp.positions,
+                       cache.kv_scale)
+            if self._mla_qba is not None and qba_fits(t, m.q_lora_rank, w.q_b.shape[0]):
+                qb, q_lat = self._mla_qba(q_c, w.q_a_norm, w.q_b, *kv_args, w.w_uk_t,
+                                          softmax_scale=m.softmax_scale, q_per_request=inp.q,
+                                          eps=m.norm_eps, q_eps=m.norm_eps)
+            else:
+                qb = self._mla_qb(q_c, w.q_a_norm, w.q_b, *kv_args, q_per_request=inp.q,
+                                  eps=m.norm_eps, q_eps=m.norm_eps)
         else:
             qn = torch.empty(t, m.q_lora_rank, dtype=h.dtype, device=h.device)
             # q_a RMSNorm + kv RMSNorm / cache insert: one launch
@@ -185,7 +195,7 @@ class KernelOps:
                       w.w_uk_t, w.w_uv, q_per_request=inp.q, kv_scale=cache.kv_scale,
                       softmax_scale=m.softmax_scale, max_context=self.max_context,
                       check_lengths=False, counter=self.counters(h.device)[2],
-                      fused=self._mla_fused)
+                      fused=self._mla_fused, q_lat=q_lat)
         return self._gemv(o, w.o_proj, out)
 
     def moe(self, w: MoeWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import cutlass
 from cutlass import cute
-from cutlass._mlir.dialects import llvm
+from cutlass._mlir.dialects import llvm, nvvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from backend.k3_decode.ops.gemv.common import BITS_F32, F16_HI, F16_LO
@@ -44,6 +44,16 @@ def f16_hi(v, *, loc=None, ip=None) -> F32:
 def bits_f32(v, *, loc=None, ip=None) -> F32:
     """Reinterpret 32 bits as an f32."""
     return _asm_f32(BITS_F32, v, loc, ip)
+
+
+@dsl_user_op
+def st_cluster_f32(smem_ptr: cute.Pointer, rank, value, *, loc=None, ip=None) -> None:
+    """`st.shared::cluster.f32`: store `value` at `smem_ptr`'s offset in the shared memory of
+    the cluster's CTA `rank` (itself included): distributed shared memory, sm_90 and sm_100."""
+    remote = nvvm.mapa(llvm.PointerType.get(cutlass.AddressSpace.dsmem),
+                       smem_ptr.to_llvm_ptr(loc=loc, ip=ip), I32(rank).ir_value(loc=loc, ip=ip),
+                       loc=loc, ip=ip)
+    llvm.store(F32(value).ir_value(loc=loc, ip=ip), remote, loc=loc, ip=ip)
 
 
 def vec(base: cute.Pointer, dtype, n: int, align: int) -> cute.Tensor:

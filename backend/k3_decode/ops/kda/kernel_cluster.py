@@ -17,10 +17,9 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass._mlir.dialects import llvm, nvvm
-from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.utils import SmemAllocator
 
+from backend.k3_decode.ops.gemv.device import st_cluster_f32
 from backend.k3_decode.ops.kda.kernel import (
     BF16, CONV_WIDTH, F32, F_RANK, HEAD_DIM, I32, I64, L2_EPS, _sigmoid, _vec,
 )
@@ -33,20 +32,11 @@ CONV_THREADS = 3 * ROWS // 4  # 24 threads x 4 channels = q/k slices + own v row
 GATE_THREAD0 = 128  # warps 4..7: 4 threads per key channel
 
 
-@dsl_user_op
-def _st_cluster_f32(smem_ptr: cute.Pointer, rank: int, value, *, loc=None, ip=None) -> None:
-    """`st.shared::cluster.f32`: store `value` at `smem_ptr`'s offset in CTA `rank`'s smem."""
-    remote = nvvm.mapa(llvm.PointerType.get(cutlass.AddressSpace.dsmem),
-                       smem_ptr.to_llvm_ptr(loc=loc, ip=ip), I32(rank).ir_value(loc=loc, ip=ip),
-                       loc=loc, ip=ip)
-    llvm.store(F32(value).ir_value(loc=loc, ip=ip), remote, loc=loc, ip=ip)
-
-
 def _bcast(s_tensor: cute.Tensor, index, value) -> None:
     """Store `value` at `s_tensor[index]` in every CTA of the cluster (self included)."""
     local = s_tensor.iterator + index
     for rank in range(SPLIT):  # plain Python: unrolled while tracing
-        _st_cluster_f32(local, rank, value)
+        st_cluster_f32(local, rank, value)
 
 
 def _cluster_sync() -> None:

@@ -115,11 +115,13 @@ def launch_mla_decode(
     variant: cutlass.Constexpr,
     pdl: cutlass.Constexpr = False,
     fused: cutlass.Constexpr = False,
+    absorb: cutlass.Constexpr = True,
 ):
     """Launch absorb -> split-KV attend -> combine/W_UV/gate on ``stream``; with ``pdl`` absorb
     and combine are programmatic dependent launches (weights loaded before they wait); with
     ``fused`` (tensor-core attention only) all three run as one ``mla_core_kernel`` launch that
-    syncs its stages through the int32 counters at ``ctr``."""
+    syncs its stages through the int32 counters at ``ctr``; without ``absorb`` the caller has
+    written ``q_lat`` (``prep.mla_qb_absorb``) and only attend and combine run."""
     n_tokens = n_req * q_len
     token_groups = (n_tokens + tokens_per_cta - 1) // tokens_per_cta
     if cutlass.const_expr(fused):
@@ -134,11 +136,12 @@ def launch_mla_decode(
                  smem_merge_branch_allocs=True,  # one stage per CTA: its smem is reused
                  cooperative=True)  # every CTA resident at once, or the launch fails
     else:
-        k.absorb_kernel(
-            q_nope, q_pe, w_uk_t, kv_scale, q_lat, n_tokens, n_heads, qn_ts, qn_hs, qp_ts, qp_hs,
-            softmax_scale, tokens_per_cta, pdl
-        ).launch(grid=(n_heads, token_groups, 4), block=(k.ABSORB_THREADS, 1, 1), stream=stream,
-                 use_pdl=pdl)
+        if cutlass.const_expr(absorb):
+            k.absorb_kernel(
+                q_nope, q_pe, w_uk_t, kv_scale, q_lat, n_tokens, n_heads, qn_ts, qn_hs, qp_ts,
+                qp_hs, softmax_scale, tokens_per_cta, pdl
+            ).launch(grid=(n_heads, token_groups, 4), block=(k.ABSORB_THREADS, 1, 1),
+                     stream=stream, use_pdl=pdl)
         if cutlass.const_expr(variant == "mma"):
             km.attend_mma_kernel(
                 q_lat, cache, block_table, seq_lens, o_part, lse_part, n_req, n_heads, q_len,
@@ -173,17 +176,20 @@ def _compile_args(cache_dtype: str) -> list[object]:
 
 
 def compile_mla_decode(cache_dtype: str, tiling: Tiling, options: str | None = None,
-                       pdl: bool = False, fused: bool = False) -> object:
+                       pdl: bool = False, fused: bool = False, absorb: bool = True) -> object:
     """Compile the launcher for one cache dtype and tiling (no GPU needed); ``pdl``: absorb and
     combine as programmatic dependent launches; ``fused``: the one-launch ``mla_core_kernel``
-    (tensor-core attention only, not with ``pdl``)."""
+    (tensor-core attention only, not with ``pdl``); ``absorb=False``: q_lat comes from the
+    caller, only attend and combine are launched (not with ``fused``)."""
     if cache_dtype not in CACHE_DTYPES:
         raise ValueError(f"cache dtype must be one of {sorted(CACHE_DTYPES)}, got {cache_dtype!r}")
     if fused and (pdl or tiling.variant != "mma"):
         raise ValueError("fused=True needs the tensor-core attention (variant 'mma') and no pdl")
+    if fused and not absorb:
+        raise ValueError("fused=True runs its own absorb stage (absorb=False does not apply)")
     args = _compile_args(cache_dtype)
     consts = (tiling.rows, tiling.unroll, tiling.tokens_per_cta, tiling.variant, bool(pdl),
-              bool(fused))
+              bool(fused), bool(absorb))
     if options:
         return cute.compile(launch_mla_decode, *args, *consts, options=options)
     return cute.compile(launch_mla_decode, *args, *consts)
@@ -191,9 +197,9 @@ def compile_mla_decode(cache_dtype: str, tiling: Tiling, options: str | None = N
 
 @functools.cache
 def compiled_mla_decode(cache_dtype: str, tiling: Tiling = DEFAULT_TILING,
-                        pdl: bool = False, fused: bool = False) -> object:
+                        pdl: bool = False, fused: bool = False, absorb: bool = True) -> object:
     """Cached compile for the current device (the DSL detects the GPU's arch)."""
-    return compile_mla_decode(cache_dtype, tiling, pdl=pdl, fused=fused)
+    return compile_mla_decode(cache_dtype, tiling, pdl=pdl, fused=fused, absorb=absorb)
 
 
 @dataclass(frozen=True)
@@ -251,12 +257,13 @@ def _capture_fds(sink: io.StringIO) -> Iterator[None]:
 
 
 def compile_report(cache_dtype: str, arch: str, tiling: Tiling = DEFAULT_TILING,
-                   pdl: bool = False, fused: bool = False) -> tuple[object, list[PtxasReport]]:
+                   pdl: bool = False, fused: bool = False, absorb: bool = True
+                   ) -> tuple[object, list[PtxasReport]]:
     """Compile for ``arch`` with ptxas remarks on; return the object and per-kernel usage."""
     if arch not in ARCHES:
         raise ValueError(f"arch must be one of {ARCHES}, got {arch!r}")
     buf = io.StringIO()
     with _capture_fds(buf):
         obj = compile_mla_decode(cache_dtype, tiling, options=f"--gpu-arch {arch} remarks{{ptx}}",
-                                 pdl=pdl, fused=fused)
+                                 pdl=pdl, fused=fused, absorb=absorb)
     return obj, parse_ptxas(buf.getvalue())

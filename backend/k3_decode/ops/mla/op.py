@@ -78,6 +78,7 @@ def mla_decode(
     pdl: bool = False,
     fused: bool | None = None,
     counter: torch.Tensor | None = None,
+    q_lat: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """K3 MLA decode from the split query to the gated ``o_proj`` input ``[T, H*128]`` (bf16).
 
@@ -96,6 +97,9 @@ def mla_decode(
     ``K3_DECODE_MLA_FUSED=1`` (default off: not faster on the H200, NOTES.md session 8), a
     ``counter`` is given, the tiling is the tensor-core one without ``pdl`` and the whole grid
     fits at one CTA per SM; True where one of those does not hold (the variable aside) raises.
+    ``q_lat``: the absorbed query, fp32 ``[T, H, 576]``, already written on this stream by
+    ``prep.mla_qb_absorb`` (same ``softmax_scale`` and ``kv_scale``): the absorb launch is
+    skipped (``q_nope`` / ``q_pe`` are then only checked, not read; never fused).
     Raises ``MlaInputError`` before any launch.
     """
     shape = check_inputs(q_nope, q_pe, gate, kv_cache, block_table, seq_lens, w_uk_t, w_uv,
@@ -112,13 +116,14 @@ def mla_decode(
                                 n_splits=n_splits, ctas_per_sm=tiling.ctas_per_sm,
                                 min_ctas=tiling.min_ctas)
     n_core = core_ctas(shape.n_req, shape.n_heads, shape.q_len, splits, tiling.tokens_per_cta)
-    can_fuse = (tiling.variant == "mma" and not pdl and counter is not None
+    can_fuse = (tiling.variant == "mma" and not pdl and counter is not None and q_lat is None
                 and n_core <= _num_sms(dev.index or 0) * CORE_CTAS_PER_SM)
     if fused is None:
         fused = can_fuse and envs.K3_DECODE_MLA_FUSED == "1"
     elif fused and not can_fuse:
         why = ("it needs the tensor-core attention (variant 'mma')" if tiling.variant != "mma"
                else "it does not run with pdl=True" if pdl
+               else "it runs its own absorb stage (q_lat= was given)" if q_lat is not None
                else "it needs counter= (an int32 tensor of >= 3 zeros of the caller's own)"
                if counter is None
                else f"its {n_core} CTAs do not fit on the GPU at once (one per SM)")
@@ -131,11 +136,18 @@ def mla_decode(
     if not fused:  # the three-launch path never reads it; the launcher still takes a pointer
         counter = ticket_counter("mla_decode", dev, N_COUNTERS)
     rows_total = shape.n_tokens * shape.n_heads
-    q_lat = torch.empty(rows_total * D_QK, dtype=torch.float32, device=dev)
+    absorb = q_lat is None
+    if absorb:
+        q_lat = torch.empty(rows_total * D_QK, dtype=torch.float32, device=dev)
+    elif (not isinstance(q_lat, torch.Tensor) or q_lat.dtype != torch.float32
+          or tuple(q_lat.shape) != (shape.n_tokens, shape.n_heads, D_QK)
+          or q_lat.device != dev or not q_lat.is_contiguous() or q_lat.data_ptr() % 16):
+        raise MlaInputError(f"q_lat: expected a contiguous, 16-byte aligned float32 tensor "
+                            f"{(shape.n_tokens, shape.n_heads, D_QK)} on {dev}")
     o_part = torch.empty(splits * rows_total * D_LAT, dtype=torch.float32, device=dev)
     lse_part = torch.empty(splits * rows_total, dtype=torch.float32, device=dev)
     scale_t = _scale_tensor(kv_scale, dev)
-    fn = compiled_mla_decode(shape.cache_dtype, tiling, bool(pdl), bool(fused))
+    fn = compiled_mla_decode(shape.cache_dtype, tiling, bool(pdl), bool(fused), absorb)
     stream = cuda.CUstream(torch.cuda.current_stream(dev).cuda_stream)
     fn(_ptr(q_nope), _ptr(q_pe), _ptr(w_uk_t), _ptr(scale_t), _ptr(kv_cache), _ptr(block_table),
        _ptr(seq_lens), _ptr(gate), _ptr(w_uv), _ptr(out), _ptr(q_lat), _ptr(o_part),

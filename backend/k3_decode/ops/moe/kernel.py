@@ -75,9 +75,13 @@ def _svec(base: cute.Tensor, off) -> cute.Tensor:
 
 @cute.jit
 def _chunk_dot(words: cute.Tensor, i: cutlass.Constexpr, xs: cute.Tensor, cbase, c):
-    """Sum of the 32 decoded values of chunk `c` (words[:, i]) times x (scale not applied)."""
+    """Sum of the 32 decoded values of chunk `c` (words[:, i]) times x (scale not applied).
+
+    Two fp32 FMA chains (the low and the high f16 halves), added once at the end: 2 FFMA per
+    pair of values. (`part += lo * xa + hi * xb` compiled to FMUL + FFMA + FADD per pair.)"""
     cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), F32, num_bits_per_copy=128)
-    part = F32(0.0)
+    pa = F32(0.0)
+    pb = F32(0.0)
     for q in cutlass.range_constexpr(4):
         xa = cute.make_rmem_tensor((4,), F32)
         xb = cute.make_rmem_tensor((4,), F32)
@@ -85,8 +89,9 @@ def _chunk_dot(words: cute.Tensor, i: cutlass.Constexpr, xs: cute.Tensor, cbase,
         cute.copy(cp, _svec(xs, cbase + ((8 * q + 4) ^ _sw(c))), xb)
         for ii in cutlass.range_constexpr(4):
             h = e2m1_pair(words[q, i], ii)
-            part += f16_lo(h) * xa[ii] + f16_hi(h) * xb[ii]
-    return part
+            pa = f16_lo(h) * xa[ii] + pa
+            pb = f16_hi(h) * xb[ii] + pb
+    return pa + pb
 
 
 @cute.jit

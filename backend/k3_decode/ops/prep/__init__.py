@@ -1,6 +1,7 @@
 """Decode prep kernels (CuTe DSL): RMSNorm + SiTU-GLU rows and the MLA latent cache insert.
 
-See `op.rms_glu_prep` / `op.mla_kv_insert` / `op.mla_prep` / `op.mla_qb` for the API and `kernel`
+See `op.rms_glu_prep` / `op.mla_kv_insert` / `op.mla_prep` / `op.mla_qb` / `op.mla_qb_absorb` for
+the API and `kernel`
 for the design.
 """
 
@@ -13,17 +14,20 @@ from backend.k3_decode.ops.prep.op import (
     compile_kv_insert,
     compile_mla_prep,
     compile_mla_qb,
+    compile_mla_qba,
     compile_rms_glu,
     kv_insert_min_bytes,
     mla_kv_insert,
     mla_prep,
     mla_qb,
+    mla_qb_absorb,
     qb_fits,
+    qba_fits,
     rms_glu_min_bytes,
     rms_glu_prep,
 )
 
 __all__ = ["KvInsertKey", "MlaPrepKey", "MlaQbKey", "PrepInputError", "RmsGluKey",
-           "compile_kv_insert", "compile_mla_prep", "compile_mla_qb", "compile_rms_glu",
-           "kv_insert_min_bytes", "mla_kv_insert", "mla_prep", "mla_qb", "qb_fits",
-           "rms_glu_min_bytes", "rms_glu_prep"]
+           "compile_kv_insert", "compile_mla_prep", "compile_mla_qb", "compile_mla_qba",
+           "compile_rms_glu", "kv_insert_min_bytes", "mla_kv_insert", "mla_prep", "mla_qb",
+           "mla_qb_absorb", "qb_fits", "qba_fits", "rms_glu_min_bytes", "rms_glu_prep"]

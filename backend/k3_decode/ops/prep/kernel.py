@@ -15,6 +15,15 @@
   it sums its squares and multiplies it by the norm weight in fp32 as it goes, and scales its
   dot products by the rsqrt: no normalised row is written or read back), plus one CTA per token
   tile whose warps do the cache insert: `mla_prep`'s two jobs without its launch.
+`mla_qba_kernel`: `mla_qb` plus the MLA decode's absorb (1-2 tokens), in clusters of 8 CTAs
+  per head (768 threads, one warp per q_b row: the head's 192 rows [nope 128 | rope 64] over the
+  8 CTAs). Every CTA loads its 64-column slice of `W_UK_T[h]` (16 KB) into registers before its
+  row, stores it to shared memory while the cluster waits, and its q_nope rows' lane 0 writes the
+  bf16-rounded value into every CTA's shared memory (DSMEM stores); after a cluster barrier each
+  CTA sums its 64 latent columns over the 128 nope rows in the order `mla.kernels.absorb_body`
+  uses (4 groups of 32 rows, then the groups in order: bit-identical to q_b then absorb) and
+  writes `q_lat = [q_nope @ W_UK_T, q_pe] * softmax_scale * log2(e) * kv_scale` in fp32. One
+  more cluster's first CTA does the cache insert. Two launches become one.
 `mla_kv_insert_kernel`, one warp per token: lane l owns latent vectors l and l + 32 (8 values
   each), lanes 0..7 also the 64 k_pe elements. RMSNorm over the 512 latent values (warp
   reduction), then the 576-value row
@@ -31,8 +40,19 @@ import cutlass
 from cutlass import cute
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.utils import SmemAllocator
 
-from backend.k3_decode.ops.gemv.device import BF16, F32, I32, I64, U32, flat, situ, vec
+from backend.k3_decode.ops.gemv.device import (
+    BF16,
+    F32,
+    I32,
+    I64,
+    U32,
+    flat,
+    situ,
+    st_cluster_f32,
+    vec,
+)
 from backend.k3_decode.ops.gemv.kernel import row_dot
 
 THREADS = 256
@@ -376,3 +396,136 @@ def mla_qb_launch(q_c: cute.Pointer, q_w: cute.Pointer, w: cute.Pointer, y: cute
                   q_per_request, log2_bs, max_blocks, num_blocks, k, tt, q_eps, fp8,
                   eps).launch(grid=((n_rows + WARPS - 1) // WARPS + 1, (n_tok + tt - 1) // tt, 1),
                               block=(THREADS, 1, 1), stream=stream)
+
+
+QBA_SPLIT = 8  # CTAs per head (one cluster): each owns 24 of the head's 192 q_b rows
+QBA_WARPS = 24  # one warp per q_b row
+QBA_THREADS = 32 * QBA_WARPS
+QBA_NOPE, QBA_ROPE, QBA_LAT = 128, 64, 512
+QBA_HEAD_ROWS = QBA_NOPE + QBA_ROPE  # q_b rows per head: [nope | rope]
+QBA_COLS = QBA_LAT // QBA_SPLIT  # latent columns of W_UK_T per CTA
+QBA_GROUPS = 4  # row groups of 32 in the absorb sum (the order `mla.kernels.absorb_body` uses)
+QBA_W_VECS = QBA_NOPE * QBA_COLS // V  # 16-byte vectors of the CTA's W_UK_T slice
+LOG2E = 1.4426950408889634
+
+
+@cute.jit
+def _smem_vec(base: cute.Tensor, off, dtype, n: cutlass.Constexpr) -> cute.Tensor:
+    """`n` consecutive elements of a flat shared-memory tensor at a 16-byte aligned offset."""
+    p = cute.make_ptr(dtype, (base.iterator + off).toint(), cute.AddressSpace.smem,
+                      assumed_align=16)
+    return cute.make_tensor(p, cute.make_layout((n,)))
+
+
+@cute.kernel
+def mla_qba_kernel(q_c: cute.Pointer, q_w: cute.Pointer, w: cute.Pointer, y: cute.Pointer,
+                   w_uk_t: cute.Pointer, q_lat: cute.Pointer, softmax_scale: F32, n_heads: I32,
+                   n_tok: I32, ld_q: I64, ld_y: I64, kv_c: cute.Pointer, k_pe: cute.Pointer,
+                   kv_w: cute.Pointer, cache: cute.Pointer, block_table: cute.Pointer,
+                   positions: cute.Pointer, kv_scale: cute.Pointer, ld_kvc: I64, ld_kpe: I64,
+                   ld_bt: I64, ld_blk: I64, ld_slot: I64, q_per_request: I32, log2_bs: I32,
+                   max_blocks: I32, num_blocks: I32, k: cutlass.Constexpr,
+                   tt: cutlass.Constexpr, q_eps: cutlass.Constexpr, fp8: cutlass.Constexpr,
+                   eps: cutlass.Constexpr):
+    """Cluster `h < n_heads` (8 CTAs): the head's q_b rows and its absorbed latent query;
+    cluster `n_heads`: its first CTA's warps insert the tokens' cache rows (see `mla_qb_absorb`
+    in op.py for the math)."""
+    cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
+    bx, _, _ = cute.arch.block_idx()
+    head = bx // QBA_SPLIT
+    rank = bx - head * QBA_SPLIT
+    tid, _, _ = cute.arch.thread_idx()
+    warp = cute.arch.warp_idx()
+    if head < n_heads:
+        cute.arch.cluster_arrive_relaxed()  # phase 1: every CTA of the cluster has started
+        # this CTA's W_UK_T[head, :, 64 rank .. 64 rank + 63] slice: loads first (no dependency)
+        cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BF16, num_bits_per_copy=128)
+        nround = (QBA_W_VECS + QBA_THREADS - 1) // QBA_THREADS
+        wv = cute.make_rmem_tensor((V, nround), BF16)
+        for i in cutlass.range_constexpr(nround):
+            c = tid + QBA_THREADS * i
+            if c < QBA_W_VECS:
+                d = c // (QBA_COLS // V)
+                j = c - d * (QBA_COLS // V)
+                src = (w_uk_t + (head.to(I64) * QBA_NOPE + d) * QBA_LAT + rank * QBA_COLS
+                       + j * V)
+                cute.copy(cp, vec(src, BF16, V, 16), wv[None, i])
+        smem = SmemAllocator()
+        s_w = smem.allocate_tensor(BF16, cute.make_layout((QBA_NOPE * QBA_COLS,)),
+                                   byte_alignment=16)
+        s_q = smem.allocate_tensor(F32, cute.make_layout((tt * QBA_NOPE,)), byte_alignment=16)
+        s_red = smem.allocate_tensor(F32, cute.make_layout((QBA_GROUPS * tt * QBA_COLS,)),
+                                     byte_alignment=16)
+        qscale = softmax_scale * LOG2E * flat(kv_scale)[0]
+        r_in_head = rank * QBA_WARPS + warp
+        row = head * QBA_HEAD_ROWS + r_in_head
+        acc = cute.make_rmem_tensor((tt,), F32)
+        ss = cute.make_rmem_tensor((tt,), F32)
+        row_dot(w + row.to(I64) * k, q_c, ld_q, I32(0), n_tok, acc, k, tt, xw=q_w, ss=ss)
+        for i in cutlass.range_constexpr(nround):
+            c = tid + QBA_THREADS * i
+            if c < QBA_W_VECS:
+                cute.copy(cp, wv[None, i], _smem_vec(s_w, c * V, BF16, V))
+        cute.arch.cluster_wait()
+        if cute.arch.lane_idx() == 0:
+            for t in cutlass.range_constexpr(tt):
+                if t < n_tok:
+                    inv = cute.rsqrt(ss[t] * F32(1.0 / k) + F32(q_eps))
+                    val = (acc[t] * inv).to(BF16)
+                    flat(y)[t * ld_y + row.to(I64)] = val
+                    if r_in_head < QBA_NOPE:  # into every CTA of the head's cluster
+                        for r in cutlass.range_constexpr(QBA_SPLIT):
+                            st_cluster_f32(s_q.iterator + (t * QBA_NOPE + r_in_head), r,
+                                           val.to(F32))
+                    else:
+                        lat_row = (t * n_heads + head).to(I64) * (QBA_LAT + QBA_ROPE)
+                        flat(q_lat)[lat_row + QBA_LAT + (r_in_head - QBA_NOPE)] = (
+                            val.to(F32) * qscale)
+        cute.arch.cluster_arrive()  # phase 2: q_nope is in every CTA's s_q, s_w is stored
+        cute.arch.cluster_wait()
+        if tid < QBA_GROUPS * QBA_COLS:  # absorb: column `col`, rows 32 g .. 32 g + 31
+            g = tid // QBA_COLS
+            col = tid - g * QBA_COLS
+            part = cute.make_rmem_tensor((tt,), F32)
+            part.fill(0.0)
+            for dd in cutlass.range_constexpr(QBA_NOPE // QBA_GROUPS):
+                d = g * (QBA_NOPE // QBA_GROUPS) + dd
+                wf = s_w[d * QBA_COLS + col].to(F32)
+                for t in cutlass.range_constexpr(tt):
+                    part[t] = part[t] + s_q[t * QBA_NOPE + d] * wf
+            for t in cutlass.range_constexpr(tt):
+                s_red[(g * tt + t) * QBA_COLS + col] = part[t]
+        cute.arch.barrier()
+        if tid < tt * QBA_COLS:
+            t = tid // QBA_COLS
+            col = tid - t * QBA_COLS
+            if t < n_tok:
+                tot = F32(0.0)
+                for g in cutlass.range_constexpr(QBA_GROUPS):
+                    tot = tot + s_red[(g * tt + t) * QBA_COLS + col]
+                lat_row = (t * n_heads + head).to(I64) * (QBA_LAT + QBA_ROPE)
+                flat(q_lat)[lat_row + rank * QBA_COLS + col] = tot * qscale
+    else:
+        if (rank == 0) & (warp < tt) & (warp < n_tok):
+            _kv_insert_row(kv_c, k_pe, kv_w, cache, block_table, positions, kv_scale, ld_kvc,
+                           ld_kpe, ld_bt, ld_blk, ld_slot, q_per_request, log2_bs, max_blocks,
+                           num_blocks, warp, fp8, eps)
+
+
+@cute.jit
+def mla_qba_launch(q_c: cute.Pointer, q_w: cute.Pointer, w: cute.Pointer, y: cute.Pointer,
+                   w_uk_t: cute.Pointer, q_lat: cute.Pointer, softmax_scale: F32, n_heads: I32,
+                   n_tok: I32, ld_q: I64, ld_y: I64, kv_c: cute.Pointer, k_pe: cute.Pointer,
+                   kv_w: cute.Pointer, cache: cute.Pointer, block_table: cute.Pointer,
+                   positions: cute.Pointer, kv_scale: cute.Pointer, ld_kvc: I64, ld_kpe: I64,
+                   ld_bt: I64, ld_blk: I64, ld_slot: I64, q_per_request: I32, log2_bs: I32,
+                   max_blocks: I32, num_blocks: I32, stream: cuda.CUstream,
+                   k: cutlass.Constexpr, tt: cutlass.Constexpr, q_eps: cutlass.Constexpr,
+                   fp8: cutlass.Constexpr, eps: cutlass.Constexpr):
+    """Host side: clusters of 8 CTAs, one per head plus one for the cache insert."""
+    mla_qba_kernel(q_c, q_w, w, y, w_uk_t, q_lat, softmax_scale, n_heads, n_tok, ld_q, ld_y,
+                   kv_c, k_pe, kv_w, cache, block_table, positions, kv_scale, ld_kvc, ld_kpe,
+                   ld_bt, ld_blk, ld_slot, q_per_request, log2_bs, max_blocks, num_blocks, k,
+                   tt, q_eps, fp8, eps).launch(
+        grid=((n_heads + 1) * QBA_SPLIT, 1, 1), block=(QBA_THREADS, 1, 1),
+        cluster=(QBA_SPLIT, 1, 1), stream=stream)

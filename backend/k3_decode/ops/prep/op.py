@@ -378,24 +378,19 @@ def compile_mla_qb(key: MlaQbKey, extra_options: str = ""):
                         key.fp8, key.eps, options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
-def mla_qb(q_c: torch.Tensor, q_norm_w: torch.Tensor, w_qb: torch.Tensor, kv_c: torch.Tensor,
-           k_pe: torch.Tensor, kv_norm_w: torch.Tensor, kv_cache: torch.Tensor,
-           block_table: torch.Tensor, positions: torch.Tensor, kv_scale: torch.Tensor, *,
-           q_per_request: int = 1, eps: float = 1e-6, q_eps: float = 1e-6,
-           out: torch.Tensor | None = None) -> torch.Tensor:
-    """`out = (rms_norm(q_c) * q_norm_w) @ w_qb.T` (fp32 inside: the normalised row is never
-    rounded to bf16) and `mla_kv_insert(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions,
-    kv_scale)`, in one launch, for 1-2 tokens (`qb_fits`): `mla_prep` + the q_b GEMV without
-    the launch between them. `q_c [T, K]` bf16 (rows may be strided), `q_norm_w [K]`, `w_qb
-    [N, K]` bf16, `out [T, N]` bf16 (made when None; must not overlap the other inputs: the
-    jobs run concurrently); the cache arguments as `mla_kv_insert`. Raises `PrepInputError`
-    before any compile."""
-    err, op = PrepInputError, "mla_qb"
+def _check_qb(op: str, q_c: torch.Tensor, q_norm_w: torch.Tensor, w_qb: torch.Tensor,
+              kv_c: torch.Tensor, k_pe: torch.Tensor, kv_norm_w: torch.Tensor,
+              kv_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
+              kv_scale: torch.Tensor, q_per_request: int, eps: float, q_eps: float,
+              out: torch.Tensor | None) -> tuple[int, int, int, int, torch.Tensor]:
+    """`mla_qb`'s checks but the device (shared with `mla_qb_absorb`); returns `(T, K, N,
+    block_size, out)`."""
+    err = PrepInputError
     _check_scalars(op, q_eps=q_eps)
     t = _rows(err, op, "q_c", q_c)
     need(isinstance(w_qb, torch.Tensor) and w_qb.dim() == 2, err, op, "w_qb must be [N, K]")
     k, n = q_c.shape[1], w_qb.shape[0]
-    need(qb_fits(t, k), err, op, f"{t} tokens of width K={k}: mla_qb takes 1..{QB_MAX_TOKENS} "
+    need(qb_fits(t, k), err, op, f"{t} tokens of width K={k}: {op} takes 1..{QB_MAX_TOKENS} "
          f"tokens and K a multiple of {QB_K_MULTIPLE} up to {QB_MAX_K}")
     need(n >= 1, err, op, "w_qb must have at least one row")
     check_tensor(err, op, "q_c", q_c, BF, (t, k), row_strided=True)
@@ -414,8 +409,26 @@ def mla_qb(q_c: torch.Tensor, q_norm_w: torch.Tensor, w_qb: torch.Tensor, kv_c: 
     for name, x in (("q_c", q_c), ("q_norm_w", q_norm_w), ("w_qb", w_qb)):
         need(not _overlap(kv_cache, x), err, op,
              f"kv_cache overlaps {name} (the cache insert writes while the projection reads)")
-    check_device(err, op, q_c, q_norm_w, w_qb, out, kv_c, k_pe, kv_norm_w, kv_cache, block_table,
-                 positions, kv_scale)
+    return t, k, n, bs, out
+
+
+def mla_qb(q_c: torch.Tensor, q_norm_w: torch.Tensor, w_qb: torch.Tensor, kv_c: torch.Tensor,
+           k_pe: torch.Tensor, kv_norm_w: torch.Tensor, kv_cache: torch.Tensor,
+           block_table: torch.Tensor, positions: torch.Tensor, kv_scale: torch.Tensor, *,
+           q_per_request: int = 1, eps: float = 1e-6, q_eps: float = 1e-6,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """`out = (rms_norm(q_c) * q_norm_w) @ w_qb.T` (fp32 inside: the normalised row is never
+    rounded to bf16) and `mla_kv_insert(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions,
+    kv_scale)`, in one launch, for 1-2 tokens (`qb_fits`): `mla_prep` + the q_b GEMV without
+    the launch between them. `q_c [T, K]` bf16 (rows may be strided), `q_norm_w [K]`, `w_qb
+    [N, K]` bf16, `out [T, N]` bf16 (made when None; must not overlap the other inputs: the
+    jobs run concurrently); the cache arguments as `mla_kv_insert`. Raises `PrepInputError`
+    before any compile."""
+    t, k, n, bs, out = _check_qb("mla_qb", q_c, q_norm_w, w_qb, kv_c, k_pe, kv_norm_w, kv_cache,
+                                 block_table, positions, kv_scale, q_per_request, eps, q_eps,
+                                 out)
+    check_device(PrepInputError, "mla_qb", q_c, q_norm_w, w_qb, out, kv_c, k_pe, kv_norm_w,
+                 kv_cache, block_table, positions, kv_scale)
     fp8 = kv_cache.dtype == F8
     fn = compile_mla_qb(MlaQbKey(k, t, float(q_eps), fp8, float(eps), target_arch()))
     import cutlass
@@ -425,6 +438,83 @@ def mla_qb(q_c: torch.Tensor, q_norm_w: torch.Tensor, w_qb: torch.Tensor, kv_c: 
        *_kv_args(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions, kv_scale, None, bs,
                  q_per_request), stream_of(q_c.device))
     return out
+
+
+QBA_NOPE, QBA_ROPE, QBA_LAT = 128, 64, 512  # the K3 MLA head: q_b rows [nope | rope], W_UK_T
+QBA_MAX_HEADS = 128  # (heads + 1) clusters of 8 CTAs; K3: 12 heads at TP8, 6 at TP16
+QBA_MAX_K = 2048  # its 768-thread CTAs get <= 80 registers a thread: K = 4096 spills (ptxas)
+
+
+def qba_fits(n_tok: int, k: int, n_rows: int) -> bool:
+    """Whether `mla_qb_absorb` takes `n_tok` tokens, a q_a row of width K (<= 2048) and
+    `n_rows` q_b rows (a whole number of K3 MLA heads of 192 rows)."""
+    heads, rest = divmod(n_rows, QBA_NOPE + QBA_ROPE)
+    return qb_fits(n_tok, k) and k <= QBA_MAX_K and rest == 0 and 1 <= heads <= QBA_MAX_HEADS
+
+
+@functools.cache
+def compile_mla_qba(key: MlaQbKey, extra_options: str = ""):
+    """Compile (once per key) the q_b projection + absorb + cache-insert launcher; no GPU."""
+    import cuda.bindings.driver as cuda
+    import cutlass
+    from cutlass import cute
+
+    from backend.k3_decode.ops.prep.kernel import mla_qba_launch
+
+    bf, f32, i32, i64 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32, cutlass.Int64
+    args = [fake_ptr(bf), fake_ptr(bf), fake_ptr(bf), fake_ptr(bf, 4), fake_ptr(bf),
+            fake_ptr(f32), f32(1.0), i32(1), i32(1), i64(1), i64(1)]
+    args += _kv_fake_args(key.fp8, count=False)
+    return cute.compile(mla_qba_launch, *args, cuda.CUstream(0), key.k, key.tt, key.q_eps,
+                        key.fp8, key.eps, options=f"--gpu-arch {key.arch} {extra_options}".strip())
+
+
+def mla_qb_absorb(q_c: torch.Tensor, q_norm_w: torch.Tensor, w_qb: torch.Tensor,
+                  kv_c: torch.Tensor, k_pe: torch.Tensor, kv_norm_w: torch.Tensor,
+                  kv_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
+                  kv_scale: torch.Tensor, w_uk_t: torch.Tensor, *, softmax_scale: float,
+                  q_per_request: int = 1, eps: float = 1e-6, q_eps: float = 1e-6,
+                  out: torch.Tensor | None = None, q_lat: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`mla_qb` plus the MLA decode's absorb in the same launch (1-2 tokens, `qba_fits`):
+    returns `(out, q_lat)`, `out [T, H*192]` bf16 as `mla_qb` (per head [q_nope 128 | q_pe 64])
+    and `q_lat [T, H, 576]` fp32 `= [q_nope @ w_uk_t[h], q_pe] * softmax_scale * log2(e) *
+    kv_scale` from the bf16 `out` values, summed in the order of `mla_decode`'s absorb kernel
+    (bit-identical to `mla_qb` followed by it); pass it to `mla_decode(q_lat=...)`. `w_uk_t
+    [H, 128, 512]` bf16 (dense); `kv_scale` is the cache's per-tensor scale, as for the insert
+    (use ones for a bf16 cache). `q_lat` (made when None) must not overlap the other tensors.
+    Raises `PrepInputError` before any compile."""
+    err, op = PrepInputError, "mla_qb_absorb"
+    t, k, n, bs, out = _check_qb(op, q_c, q_norm_w, w_qb, kv_c, k_pe, kv_norm_w, kv_cache,
+                                 block_table, positions, kv_scale, q_per_request, eps, q_eps,
+                                 out)
+    need(k <= QBA_MAX_K, err, op, f"K={k}: {op} takes K up to {QBA_MAX_K}")
+    need(qba_fits(t, k, n), err, op, f"w_qb has {n} rows: {op} takes a whole number of heads "
+         f"of {QBA_NOPE + QBA_ROPE} rows, 1..{QBA_MAX_HEADS} heads")
+    h = n // (QBA_NOPE + QBA_ROPE)
+    need(isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale), err, op,
+         f"softmax_scale={softmax_scale!r} must be a finite number")
+    check_tensor(err, op, "w_uk_t", w_uk_t, BF, (h, QBA_NOPE, QBA_LAT))
+    if q_lat is None:
+        q_lat = torch.empty(t, h, QBA_LAT + QBA_ROPE, dtype=torch.float32, device=q_c.device)
+    check_tensor(err, op, "q_lat", q_lat, torch.float32, (t, h, QBA_LAT + QBA_ROPE))
+    for name, x in (("q_c", q_c), ("q_norm_w", q_norm_w), ("w_qb", w_qb), ("w_uk_t", w_uk_t),
+                    ("out", out), ("kv_cache", kv_cache), ("kv_scale", kv_scale)):
+        need(not _overlap(q_lat, x), err, op, f"q_lat overlaps {name}")
+    need(not _overlap(out, w_uk_t), err, op, "out overlaps w_uk_t")
+    need(not _overlap(kv_cache, w_uk_t), err, op, "kv_cache overlaps w_uk_t")
+    check_device(err, op, q_c, q_norm_w, w_qb, out, kv_c, k_pe, kv_norm_w, kv_cache, block_table,
+                 positions, kv_scale, w_uk_t, q_lat)
+    fp8 = kv_cache.dtype == F8
+    fn = compile_mla_qba(MlaQbKey(k, t, float(q_eps), fp8, float(eps), target_arch()))
+    import cutlass
+
+    fn(ptr(q_c), ptr(q_norm_w), ptr(w_qb), ptr(out, 4), ptr(w_uk_t), ptr(q_lat),
+       cutlass.Float32(softmax_scale), cutlass.Int32(h), cutlass.Int32(t),
+       cutlass.Int64(q_c.stride(0)), cutlass.Int64(out.stride(0)),
+       *_kv_args(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions, kv_scale, None, bs,
+                 q_per_request), stream_of(q_c.device))
+    return out, q_lat
 
 
 def rms_glu_min_bytes(t: int, la: int, inter: int, has_weight: bool) -> int:
