@@ -20,7 +20,7 @@ import cutlass
 from cutlass import cute
 from cutlass.memory import SmemAllocator
 
-from backend.k3_decode.ops.gemv.device import BF16, F32, I32, I64, vec
+from backend.k3_decode.ops.gemv.device import BF16, F32, I32, I64, st_cluster_f32, vec
 
 THREADS = 256
 WARPS = THREADS // 32
@@ -158,3 +158,184 @@ def attn_res_launch(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
                     ld_prefix, ld_delta, ld_blk_t, ld_blk_s, ld_out, h, num_blocks, has_delta,
                     write_block, out_norm, eps, out_eps).launch(
         grid=(n_tok, 1, 1), block=(THREADS, 1, 1), stream=stream)
+
+
+# ---------------------------------------------------------------- cluster variant
+CL_SPLIT = 8  # CTAs per token (one cluster), each owning H / 8 elements
+CL_THREADS = 128
+CL_WARPS = CL_THREADS // 32
+CL_V = 8  # bf16 per 16-byte vector
+CL_PARTS = CL_SPLIT * CL_WARPS  # partial sums per quantity: one per (rank, warp)
+
+
+@cute.jit
+def _cl_load(base: cute.Pointer, regs: cute.Tensor, vi, at: cutlass.Constexpr):
+    """regs[at .. at+7] = the 8 bf16 of 16-byte vector `vi` at `base`, as fp32."""
+    cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BF16, num_bits_per_copy=128)
+    r = cute.make_rmem_tensor((CL_V,), BF16)
+    cute.copy(cp, vec(base + vi * CL_V, BF16, CL_V, 16), r)
+    for e in cutlass.range_constexpr(CL_V):
+        regs[at + e] = r[e].to(F32)
+
+
+@cute.jit
+def _cl_store(base: cute.Pointer, regs: cute.Tensor, vi, at: cutlass.Constexpr):
+    """The 8 bf16 of vector `vi` at `base` = bf16(regs[at .. at+7])."""
+    cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BF16, num_bits_per_copy=128)
+    r = cute.make_rmem_tensor((CL_V,), BF16)
+    for e in cutlass.range_constexpr(CL_V):
+        r[e] = regs[at + e].to(BF16)
+    cute.copy(cp, r, vec(base + vi * CL_V, BF16, CL_V, 16))
+
+
+@cute.jit
+def _cl_exchange(vals: cute.Tensor, n: cutlass.Constexpr, s_x: cute.Tensor, rank):
+    """Warp-reduce `vals[0..n-1]` and store the warp's sums into slot (rank, warp) of `s_x`
+    (`[n][CL_PARTS]`) in every CTA of the cluster (lane j stores quantity j)."""
+    warp = cute.arch.warp_idx()
+    lane = cute.arch.lane_idx()
+    slot = rank * CL_WARPS + warp
+    for j in cutlass.range_constexpr(n):
+        v = cute.arch.warp_reduction_sum(vals[j])
+        if lane == j % 32:
+            for r in cutlass.range_constexpr(CL_SPLIT):
+                st_cluster_f32(s_x.iterator + (j * CL_PARTS + slot), r, v)
+
+
+@cute.jit
+def _cl_total(s_x: cute.Tensor, j) -> F32:
+    """Sum of quantity j's CL_PARTS partials in (rank, warp) order: the same in every CTA."""
+    tot = F32(0.0)
+    for p in cutlass.range_constexpr(CL_PARTS):
+        tot += s_x[j * CL_PARTS + p]
+    return tot
+
+
+@cute.kernel
+def attn_res_cluster_kernel(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Pointer,
+                            norm_w: cute.Pointer, proj_w: cute.Pointer, out_w: cute.Pointer,
+                            out: cute.Pointer, block_write_idx: I32, ld_prefix: I64,
+                            ld_delta: I64, ld_blk_t: I64, ld_blk_s: I64, ld_out: I64,
+                            h: cutlass.Constexpr, num_blocks: cutlass.Constexpr,
+                            has_delta: cutlass.Constexpr, write_block: cutlass.Constexpr,
+                            out_norm: cutlass.Constexpr, eps: cutlass.Constexpr,
+                            out_eps: cutlass.Constexpr):
+    """One token per cluster of 8 CTAs; CTA `rank` owns 16-byte vectors `rank * H/64 + tid`
+    (H/64 vectors of 8 per CTA, one per thread at K3's H = 7168). Same steps as
+    `attn_res_kernel`; the sums over H (each source's sum of squares and dot with the query,
+    then the mix's sum of squares) are exchanged through distributed shared memory: every
+    warp writes its sums into all 8 CTAs, and after a cluster barrier each CTA adds the 32
+    partials in the same order, so every CTA computes the same softmax and norm."""
+    cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
+    cute.arch.cluster_arrive_relaxed()  # phase 1: every CTA of the cluster has started
+    bx, tok, _ = cute.arch.block_idx()
+    rank = bx % CL_SPLIT
+    tid, _, _ = cute.arch.thread_idx()
+    nvec = h // CL_V // CL_SPLIT  # vectors per CTA
+    per = (nvec + CL_THREADS - 1) // CL_THREADS  # vectors per thread
+    ns = num_blocks + 1  # sources: the saved blocks, then the prefix
+    n = per * CL_V
+    qk = cute.make_rmem_tensor((n,), F32)
+    tmp = cute.make_rmem_tensor((n,), F32)
+    ow = cute.make_rmem_tensor((n,), F32)
+    pre = cute.make_rmem_tensor((n,), F32)
+    dl = cute.make_rmem_tensor((n,), F32)
+    src = cute.make_rmem_tensor((max(num_blocks, 1) * n,), F32)
+    p_row = prefix + tok.to(I64) * ld_prefix
+    blk_row = blocks + tok.to(I64) * ld_blk_t
+    for i in cutlass.range_constexpr(per):
+        vi = rank * nvec + tid + CL_THREADS * i
+        if tid + CL_THREADS * i < nvec:  # every load is issued before any is used
+            _cl_load(norm_w, qk, vi, CL_V * i)
+            _cl_load(proj_w, tmp, vi, CL_V * i)
+            if cutlass.const_expr(out_norm):
+                _cl_load(out_w, ow, vi, CL_V * i)
+            _cl_load(p_row, pre, vi, CL_V * i)
+            if cutlass.const_expr(has_delta):
+                _cl_load(delta + tok.to(I64) * ld_delta, dl, vi, CL_V * i)
+            for s in cutlass.range_constexpr(num_blocks):
+                _cl_load(blk_row + s * ld_blk_s, src, vi, s * n + CL_V * i)
+    smem = SmemAllocator()
+    s_x = smem.allocate_tensor(F32, cute.make_layout((2 * ns * CL_PARTS,)), byte_alignment=16)
+    s_y = smem.allocate_tensor(F32, cute.make_layout((CL_PARTS,)), byte_alignment=16)
+    sums = cute.make_rmem_tensor((2 * ns,), F32)
+    for j in cutlass.range_constexpr(2 * ns):
+        sums[j] = F32(0.0)
+    for i in cutlass.range_constexpr(per):
+        if tid + CL_THREADS * i < nvec:
+            vi = rank * nvec + tid + CL_THREADS * i
+            for e in cutlass.range_constexpr(CL_V):
+                x = CL_V * i + e
+                qk[x] = qk[x] * tmp[x]
+                if cutlass.const_expr(has_delta):
+                    pre[x] = (pre[x] + dl[x]).to(BF16).to(F32)
+            if cutlass.const_expr(has_delta):
+                _cl_store(p_row, pre, vi, CL_V * i)
+            if cutlass.const_expr(write_block):
+                _cl_store(blk_row + block_write_idx.to(I64) * ld_blk_s, pre, vi, CL_V * i)
+            for s in cutlass.range_constexpr(ns):
+                for e in cutlass.range_constexpr(CL_V):
+                    x = CL_V * i + e
+                    v = pre[x]
+                    if cutlass.const_expr(s < num_blocks):
+                        v = src[s * n + x]
+                    sums[2 * s] += v * v
+                    sums[2 * s + 1] += v * qk[x]
+    cute.arch.cluster_wait()  # phase 1 done: remote shared memory exists
+    _cl_exchange(sums, 2 * ns, s_x, rank)
+    cute.arch.cluster_arrive()  # phase 2: every CTA's sums are in every CTA
+    cute.arch.cluster_wait()
+    m = F32(float("-inf"))
+    logits = cute.make_rmem_tensor((ns,), F32)
+    for s in cutlass.range_constexpr(ns):
+        logits[s] = _cl_total(s_x, 2 * s + 1) * cute.rsqrt(
+            _cl_total(s_x, 2 * s) * F32(1.0 / h) + F32(eps))
+        m = cute.arch.fmax(m, logits[s])
+    den = F32(0.0)
+    for s in cutlass.range_constexpr(ns):
+        logits[s] = cute.exp(logits[s] - m)
+        den += logits[s]
+    inv = F32(1.0) / den
+    mix = cute.make_rmem_tensor((n,), F32)
+    ss = cute.make_rmem_tensor((1,), F32)
+    ss[0] = F32(0.0)
+    for i in cutlass.range_constexpr(per):
+        for e in cutlass.range_constexpr(CL_V):
+            x = CL_V * i + e
+            acc = F32(0.0)
+            for s in cutlass.range_constexpr(ns):
+                v = pre[x]
+                if cutlass.const_expr(s < num_blocks):
+                    v = src[s * n + x]
+                acc += logits[s] * v
+            mix[x] = acc * inv
+            if tid + CL_THREADS * i < nvec:
+                ss[0] += mix[x] * mix[x]
+    if cutlass.const_expr(out_norm):
+        _cl_exchange(ss, 1, s_y, rank)
+        cute.arch.cluster_arrive()  # phase 3: the mix's sums of squares
+        cute.arch.cluster_wait()
+        r = cute.rsqrt(_cl_total(s_y, 0) * F32(1.0 / h) + F32(out_eps))
+        for x in cutlass.range_constexpr(n):
+            mix[x] = mix[x] * r * ow[x]
+    for i in cutlass.range_constexpr(per):
+        if tid + CL_THREADS * i < nvec:
+            _cl_store(out + tok.to(I64) * ld_out, mix, rank * nvec + tid + CL_THREADS * i,
+                      CL_V * i)
+
+
+@cute.jit
+def attn_res_cluster_launch(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Pointer,
+                            norm_w: cute.Pointer, proj_w: cute.Pointer, out_w: cute.Pointer,
+                            out: cute.Pointer, n_tok: I32, block_write_idx: I32, ld_prefix: I64,
+                            ld_delta: I64, ld_blk_t: I64, ld_blk_s: I64, ld_out: I64,
+                            stream: cuda.CUstream, h: cutlass.Constexpr,
+                            num_blocks: cutlass.Constexpr, has_delta: cutlass.Constexpr,
+                            write_block: cutlass.Constexpr, out_norm: cutlass.Constexpr,
+                            eps: cutlass.Constexpr, out_eps: cutlass.Constexpr):
+    """Host side: a cluster of 8 CTAs per token on the caller's stream (CUDA-graph safe)."""
+    attn_res_cluster_kernel(prefix, delta, blocks, norm_w, proj_w, out_w, out, block_write_idx,
+                            ld_prefix, ld_delta, ld_blk_t, ld_blk_s, ld_out, h, num_blocks,
+                            has_delta, write_block, out_norm, eps, out_eps).launch(
+        grid=(CL_SPLIT, n_tok, 1), block=(CL_THREADS, 1, 1), cluster=(CL_SPLIT, 1, 1),
+        stream=stream)

@@ -74,11 +74,14 @@ def _svec(base: cute.Tensor, off) -> cute.Tensor:
 
 
 @cute.jit
-def _chunk_dot(words: cute.Tensor, i: cutlass.Constexpr, xs: cute.Tensor, cbase, c):
+def _chunk_dot(words: cute.Tensor, i: cutlass.Constexpr, xs: cute.Tensor, cbase, c,
+               chains: cutlass.Constexpr = 1):
     """Sum of the 32 decoded values of chunk `c` (words[:, i]) times x (scale not applied).
 
-    Two fp32 FMA chains (the low and the high f16 halves), added once at the end: 2 FFMA per
-    pair of values. (`part += lo * xa + hi * xb` compiled to FMUL + FFMA + FADD per pair.)"""
+    `chains=2` (w13): two fp32 FMA chains (the low and the high f16 halves) added once at the
+    end, 2 FFMA per pair of values; `chains=1` (w2): `part += lo * xa + hi * xb` (FMUL + FFMA +
+    FADD per pair). H200 (NOTES.md session 9): w13 at 2 tokens 22.0 -> 20.7 us with two chains
+    (1 token: 12.0 -> 11.9), w2 slower with them (8.2 -> 8.6 us at 1 token)."""
     cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), F32, num_bits_per_copy=128)
     pa = F32(0.0)
     pb = F32(0.0)
@@ -89,9 +92,14 @@ def _chunk_dot(words: cute.Tensor, i: cutlass.Constexpr, xs: cute.Tensor, cbase,
         cute.copy(cp, _svec(xs, cbase + ((8 * q + 4) ^ _sw(c))), xb)
         for ii in cutlass.range_constexpr(4):
             h = e2m1_pair(words[q, i], ii)
-            pa = f16_lo(h) * xa[ii] + pa
-            pb = f16_hi(h) * xb[ii] + pb
-    return pa + pb
+            if cutlass.const_expr(chains == 2):
+                pa = f16_lo(h) * xa[ii] + pa
+                pb = f16_hi(h) * xb[ii] + pb
+            else:
+                pa += f16_lo(h) * xa[ii] + f16_hi(h) * xb[ii]
+    if cutlass.const_expr(chains == 2):
+        pa = pa + pb
+    return pa
 
 
 @cute.jit
@@ -179,7 +187,7 @@ def moe_w13_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: c
         acc = F32(0.0)
         for i in cutlass.range_constexpr(per_lane):
             c = hl + 16 * i
-            acc += (_chunk_dot(words[jj], i, xs, c * CHUNK, c)
+            acc += (_chunk_dot(words[jj], i, xs, c * CHUNK, c, 2)
                     * e8m0_scale_times_2p14(scales[jj][i]))
         for off in cutlass.range_constexpr(4):
             acc += cute.arch.shuffle_sync_bfly(acc, 8 >> off)
