@@ -47,10 +47,6 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # GEMV at every batch (default: at 1-2 tokens both ride in the q_b projection's launch,
     # `mla_qb`; NOTES.md session 8).
     "K3_DECODE_MLA_QB": lambda: os.environ.get("K3_DECODE_MLA_QB", "1") != "0",
-    # "0": AttnRes (+ the input RMSNorm) runs on one CTA per token (default: a cluster of 8 CTAs
-    # per token exchanging partial sums through distributed shared memory; NOTES.md session 9).
-    "K3_DECODE_ATTN_RES_CLUSTER": lambda: os.environ.get("K3_DECODE_ATTN_RES_CLUSTER", "1")
-    != "0",
     # "0": where `mla_qb` runs, the MLA decode's absorb stays a launch of its own (default: it
     # rides in the q_b projection's launch too, `mla_qb_absorb`: clusters of 8 CTAs per head;
     # NOTES.md session 9).

@@ -48,14 +48,11 @@ compile_moe(MoeKey(4096, 384, 16, 896, 4.0, 25.0, arch, False, 0, 1e-6, 1, True,
 compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 1, False, 0, True))
 compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 2, False, 0, True))
 compile_attn_res(AttnResKey(7168, 8, True, True, True, 1e-6, 1e-6, arch))
-for nb, d, wb, on in ((8, True, True, True), (0, False, True, True), (16, True, False, False)):
-    compile_attn_res(AttnResKey(7168, nb, d, wb, on, 1e-6, 1e-6, arch, True))  # cluster variant
-compile_attn_res(AttnResKey(1024, 1, True, False, True, 1e-6, 1e-6, arch, True))
 print("COMPILED", arch)
 """
 KERNELS = ("gemv_kernel", "gemv_mma_kernel", "gemv_normed_kernel", "router_kernel",
            "moe_w13_kernel", "moe_w13_tc_kernel", "moe_w2_kernel",
-           "attn_res_kernel", "attn_res_cluster_kernel")
+           "attn_res_kernel")
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])

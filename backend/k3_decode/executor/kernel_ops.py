@@ -112,7 +112,6 @@ class KernelOps:
         self._mla_qba = mla_qb_absorb if self._mla_qb is not None and envs.K3_DECODE_MLA_QBA \
             else None
         self._mla_fused = None if envs.K3_DECODE_MLA_FUSED == "1" else False  # None: if it fits
-        self._attn_res_cluster = envs.K3_DECODE_ATTN_RES_CLUSTER
         self.max_context = max_context
         self._side = torch.cuda.Stream() if side_stream else None
         self._router_front = envs.K3_DECODE_ROUTER_FRONT
@@ -145,8 +144,7 @@ class KernelOps:
         """Fused AttnRes + RMSNorm kernel."""
         eps = self.cfg.rms_eps
         return self._attn_res(prefix, delta, blocks, norm_w, proj_w, out_norm_w, num_blocks,
-                              write_idx, eps=eps, out_eps=eps, out=out,
-                              cluster=self._attn_res_cluster)
+                              write_idx, eps=eps, out_eps=eps, out=out)
 
     def kda(self, w: KdaWeights, h: torch.Tensor, cache: KdaCache, inp: StepInputs,
             out: torch.Tensor) -> torch.Tensor:

@@ -8,9 +8,6 @@ is given and stores the prefix into `blocks[:, block_write_idx]` when that is >=
   prefix [T, H] bf16, delta [T, H] bf16 or None, blocks [T, >= num_blocks, H] bf16 (strided
   views allowed, rows 16-byte aligned), norm_w / proj_w / out_norm_w [H] bf16 (out_norm_w None:
   no output norm). H must be a multiple of 1024 (K3: 7168); num_blocks in 0..16.
-`cluster=True` (default: `K3_DECODE_ATTN_RES_CLUSTER`, on) runs each token on a cluster of 8 CTAs
-that exchange their partial sums through distributed shared memory (`attn_res_cluster_kernel`);
-False: one CTA per token (`attn_res_kernel`). Same math, sums in a different order.
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.k3_decode import envs
 from backend.k3_decode.ops.gemv.common import (
     check_device,
     check_tensor,
@@ -54,7 +50,6 @@ class AttnResKey:
     eps: float
     out_eps: float
     arch: str
-    cluster: bool = False  # attn_res_cluster_kernel (8 CTAs per token) instead of one CTA
 
 
 def check_inputs(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
@@ -94,12 +89,11 @@ def compile_attn_res(key: AttnResKey, extra_options: str = ""):
     import cutlass
     from cutlass import cute
 
-    from backend.k3_decode.ops.attn_res.kernel import attn_res_cluster_launch, attn_res_launch
+    from backend.k3_decode.ops.attn_res.kernel import attn_res_launch
 
     bf, i32, i64 = cutlass.BFloat16, cutlass.Int32, cutlass.Int64
     args = [fake_ptr(bf) for _ in range(7)] + [i32(1), i32(0)] + [i64(1)] * 5
-    launch = attn_res_cluster_launch if key.cluster else attn_res_launch
-    return cute.compile(launch, *args, cuda.CUstream(0), key.hidden, key.num_blocks,
+    return cute.compile(attn_res_launch, *args, cuda.CUstream(0), key.hidden, key.num_blocks,
                         key.has_delta, key.write_block, key.out_norm, key.eps, key.out_eps,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
@@ -107,19 +101,15 @@ def compile_attn_res(key: AttnResKey, extra_options: str = ""):
 def attn_res_norm(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
                   norm_w: torch.Tensor, proj_w: torch.Tensor, out_norm_w: torch.Tensor | None,
                   num_blocks: int, block_write_idx: int = -1, eps: float = 1e-6,
-                  out_eps: float = 1e-6, out: torch.Tensor | None = None,
-                  cluster: bool | None = None) -> torch.Tensor:
+                  out_eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
     """Run the fused AttnRes + RMSNorm kernel (see the module docstring); returns `out`."""
     if out is None:
         need(isinstance(prefix, torch.Tensor), AttnResInputError, OP, "prefix must be a tensor")
         out = torch.empty(prefix.shape, dtype=BF, device=prefix.device)
     t, h = check_inputs(prefix, delta, blocks, norm_w, proj_w, out_norm_w, num_blocks,
                         block_write_idx, out)
-    if cluster is None:
-        cluster = envs.K3_DECODE_ATTN_RES_CLUSTER
     key = AttnResKey(h, num_blocks, delta is not None, block_write_idx >= 0,
-                     out_norm_w is not None, float(eps), float(out_eps), target_arch(),
-                     bool(cluster))
+                     out_norm_w is not None, float(eps), float(out_eps), target_arch())
     fn = compile_attn_res(key)
     import cutlass
 

@@ -27,6 +27,13 @@ from cutlass.memory import SmemAllocator
 from backend.k3_decode.ops.gemv.device import F32, I32, I64, flat
 from backend.k3_decode.ops.gemv.kernel import THREADS, VEC, WARPS, row_dot
 
+# CTAs per SM ptxas must leave room for (registers <= 65536 / (8 * 256) = 32): at 36 registers
+# only 6 CTAs fit, so the MoE tail's 896 CTAs took 1.13 waves and the kernel ~3 us longer than
+# the plain GEMV's 0.85 wave (32 registers); ncu, H200 run 47 (NOTES.md session 9). Used for
+# one-token tiles on sm_90a (`op.compile_gemv_normed`): the two-token tile spills at 32
+# registers, and so does sm_100a's build (8 bytes; not measured there, so left unbounded).
+MIN_CTAS_PER_SM = 8
+
 
 @cute.kernel
 def gemv_normed_kernel(x: cute.Pointer, part: cute.Pointer, w: cute.Pointer, y: cute.Pointer,
@@ -75,8 +82,12 @@ def gemv_normed_kernel(x: cute.Pointer, part: cute.Pointer, w: cute.Pointer, y: 
 def gemv_normed_launch(x: cute.Pointer, part: cute.Pointer, w: cute.Pointer, y: cute.Pointer,
                        n_rows: I32, n_tok: I32, ld_x: I64, ld_y: I64, stream: cuda.CUstream,
                        latent: cutlass.Constexpr, k: cutlass.Constexpr, nb: cutlass.Constexpr,
-                       eps: cutlass.Constexpr, tt: cutlass.Constexpr):
-    """Host side: grid (ceil(N / 8), ceil(T / tt)) on the caller's stream."""
+                       eps: cutlass.Constexpr, tt: cutlass.Constexpr,
+                       min_ctas: cutlass.Constexpr = 0):
+    """Host side: grid (ceil(N / 8), ceil(T / tt)) on the caller's stream; `min_ctas` > 0:
+    launch bounds asking ptxas for that many CTAs per SM (`MIN_CTAS_PER_SM`)."""
     gemv_normed_kernel(x, part, w, y, n_rows, n_tok, ld_x, ld_y, latent, k, nb, eps,
                        tt).launch(grid=((n_rows + WARPS - 1) // WARPS, (n_tok + tt - 1) // tt, 1),
-                                  block=(THREADS, 1, 1), stream=stream)
+                                  block=(THREADS, 1, 1), stream=stream,
+                                  min_blocks_per_mp=min_ctas,
+                                  preferred_smem_carveout=-1)  # -1: no preference

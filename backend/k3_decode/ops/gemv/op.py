@@ -219,13 +219,15 @@ def compile_gemv_normed(key: GemvNormedKey, extra_options: str = ""):
     import cutlass
     from cutlass import cute
 
-    from backend.k3_decode.ops.gemv.kernel_normed import gemv_normed_launch
+    from backend.k3_decode.ops.gemv import kernel_normed
 
     bf, f32 = cutlass.BFloat16, cutlass.Float32
     args = [fake_ptr(bf), fake_ptr(f32, 4), fake_ptr(bf), fake_ptr(f32 if key.out_f32 else bf, 4),
             cutlass.Int32(1), cutlass.Int32(1), cutlass.Int64(1), cutlass.Int64(1),
             cuda.CUstream(0)]
-    return cute.compile(gemv_normed_launch, *args, key.latent, key.k, key.nb, key.eps, key.tt,
+    bound = kernel_normed.MIN_CTAS_PER_SM if key.tt == 1 and key.arch == "sm_90a" else 0
+    return cute.compile(kernel_normed.gemv_normed_launch, *args, key.latent, key.k, key.nb,
+                        key.eps, key.tt, bound,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
