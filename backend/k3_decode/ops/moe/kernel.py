@@ -59,8 +59,6 @@ W13_WARPS = 8
 W13_ROWS = 8  # intermediate rows (gate + up pairs) per CTA: one per warp
 F16 = cutlass.Float16
 W2_SLOT_WARPS = 16  # w2: one warp per expert slot (up to 16; more slots take turns)
-W13_MIN_CTAS_PER_SM = 0  # launch bounds for ptxas (0: none); see NOTES.md session 9
-W2_MIN_CTAS_PER_SM = 0
 
 
 def _sw(c):
@@ -498,10 +496,8 @@ def moe_launch(z: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer, w13: cu
     else:
         moe_w13_kernel(z, ids, w13, s13, act, ld_z, latent, inter, top_k, n_exp, beta,
                        linear_beta).launch(grid=(inter // W13_ROWS, n_tok * top_k, 1),
-                                           block=(W13_WARPS * 32, 1, 1), stream=stream,
-                                           min_blocks_per_mp=W13_MIN_CTAS_PER_SM,
-                                           preferred_smem_carveout=-1)
+                                           block=(W13_WARPS * 32, 1, 1), stream=stream)
     moe_w2_kernel(act, ids, topk_w, w2, s2, out, ld_out, gu, ld_gu, ws, part, counter, latent,
                   inter, top_k, n_exp, norm, shared, eps, beta, linear_beta, passes).launch(
         grid=(latent // (8 * passes), n_tok, 1), block=(min(top_k, W2_SLOT_WARPS) * 32, 1, 1),
-        stream=stream, min_blocks_per_mp=W2_MIN_CTAS_PER_SM, preferred_smem_carveout=-1)
+        stream=stream)

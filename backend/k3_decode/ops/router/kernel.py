@@ -26,11 +26,6 @@ from backend.k3_decode.ops.gemv.device import F32, I32, I64, flat, sigmoid
 from backend.k3_decode.ops.gemv.kernel import THREADS, WARPS, gemv_row, row_dot
 
 BIG_INDEX = 1 << 30
-# With the front rows at one token, ptxas must leave room for 6 CTAs per SM (<= 40 registers):
-# the selection's registers (96) had held the whole launch, front rows included, to 2 CTAs per
-# SM, 2.85 waves of its 752 CTAs (ncu, H200 run 47; NOTES.md session 9). Applied on sm_90a
-# (`op.compile_router`; sm_100a's build spills 4 bytes under it and is not measured). 0: none.
-FRONT_MIN_CTAS_PER_SM = 6
 
 
 @cute.jit
@@ -74,16 +69,6 @@ def _select_token(scores: cute.Pointer, bias: cute.Pointer, topk_w: cute.Pointer
                 vals[i] = F32(float("-inf"))
         if lane == j:
             my_id = best_i
-    _write_selection(row, topk_w, topk_ids, tok, my_id, top_k, renorm, scaling)
-
-
-@cute.jit
-def _write_selection(row: cute.Pointer, topk_w: cute.Pointer, topk_ids: cute.Pointer, tok: I32,
-                     my_id: I32, top_k: cutlass.Constexpr, renorm: cutlass.Constexpr,
-                     scaling: cutlass.Constexpr):
-    """Lane j < k holds the j-th chosen expert: its unbiased score, renormalised over the k in
-    selection order, times `scaling`; writes the token's k weights and ids."""
-    lane = cute.arch.lane_idx()
     w = F32(0.0)
     if lane < top_k:
         w = cute.arch.load(row + my_id, F32, cop="cg")
@@ -97,48 +82,13 @@ def _write_selection(row: cute.Pointer, topk_w: cute.Pointer, topk_ids: cute.Poi
         flat(topk_ids)[tok * top_k + lane] = my_id
 
 
-@cute.jit
-def _select_token_light(scores: cute.Pointer, bias: cute.Pointer, topk_w: cute.Pointer,
-                        topk_ids: cute.Pointer, tok: I32, s_vals: cute.Tensor,
-                        e: cutlass.Constexpr, top_k: cutlass.Constexpr,
-                        renorm: cutlass.Constexpr, scaling: cutlass.Constexpr):
-    """`_select_token` with few registers (the router + front launch at one token, which ptxas
-    must fit in 40 registers): the biased scores wait in shared memory (`s_vals [E]`, one warp)
-    instead of E / 32 registers per lane, and each round reads them back; a chosen entry is set
-    to -inf there. The same values, comparisons and order: the same experts and weights."""
-    lane = cute.arch.lane_idx()
-    per_lane = e // 32
-    row = scores + tok.to(I64) * e
-    bt = flat(bias)
-    for i in cutlass.range_constexpr(per_lane):
-        s_vals[lane + 32 * i] = cute.arch.load(row + (lane + 32 * i), F32, cop="cg") + \
-            bt[lane + 32 * i]
-    cute.arch.sync_warp()
-    my_id = I32(0)
-    for j in cutlass.range(top_k, unroll=1):
-        best = F32(float("-inf"))
-        best_i = I32(BIG_INDEX)
-        for i in cutlass.range(per_lane, unroll=4):
-            v = s_vals[lane + 32 * i]
-            if v > best:
-                best = v
-                best_i = lane + 32 * i
-        best, best_i = _warp_argmax(best, best_i)
-        if (best_i < e) & ((best_i & 31) == lane):  # the winner's lane takes it out
-            s_vals[best_i] = F32(float("-inf"))
-        cute.arch.sync_warp()
-        if lane == j:
-            my_id = best_i
-    _write_selection(row, topk_w, topk_ids, tok, my_id, top_k, renorm, scaling)
-
-
 @cute.kernel
 def router_kernel(x: cute.Pointer, w: cute.Pointer, bias: cute.Pointer, scores: cute.Pointer,
                   counter: cute.Pointer, topk_w: cute.Pointer, topk_ids: cute.Pointer,
                   fw: cute.Pointer, fy: cute.Pointer, n_tok: I32, ld_x: I64, ld_fy: I64,
                   k: cutlass.Constexpr, e: cutlass.Constexpr, top_k: cutlass.Constexpr,
                   tt: cutlass.Constexpr, renorm: cutlass.Constexpr, scaling: cutlass.Constexpr,
-                  front_rows: cutlass.Constexpr, min_ctas: cutlass.Constexpr = 0):
+                  front_rows: cutlass.Constexpr):
     """Logits + sigmoid for (8 experts x tt tokens) per CTA; the last router CTA selects top-k.
 
     With ``front_rows > 0`` the CTAs after the E / 8 router CTAs are a plain GEMV of the same x
@@ -155,10 +105,6 @@ def router_kernel(x: cute.Pointer, w: cute.Pointer, bias: cute.Pointer, scores: 
     tok0 = tb * tt
     smem = SmemAllocator()
     s_last = smem.allocate_tensor(I32, cute.make_layout((1,)), byte_alignment=16)
-    light = min_ctas > 0  # launch bounds (one token, front rows): warp 0 selects from smem
-    s_vals = None
-    if cutlass.const_expr(light):
-        s_vals = smem.allocate_tensor(F32, cute.make_layout((e,)), byte_alignment=16)
     if rb < router_ctas:
         row = rb * WARPS + warp
         acc = cute.make_rmem_tensor((tt,), F32)
@@ -179,12 +125,7 @@ def router_kernel(x: cute.Pointer, w: cute.Pointer, bias: cute.Pointer, scores: 
         if s_last[0] == 1:
             cute.arch.fence_acq_rel_gpu()
             for tok in cutlass.range(warp, n_tok, WARPS, unroll=1):
-                if cutlass.const_expr(light):
-                    _select_token_light(scores, bias, topk_w, topk_ids, tok, s_vals, e, top_k,
-                                        renorm, scaling)
-                else:
-                    _select_token(scores, bias, topk_w, topk_ids, tok, e, top_k, renorm,
-                                  scaling)
+                _select_token(scores, bias, topk_w, topk_ids, tok, e, top_k, renorm, scaling)
             if tid == 0:
                 flat(counter)[0] = I32(0)
     else:
@@ -200,13 +141,10 @@ def router_launch(x: cute.Pointer, w: cute.Pointer, bias: cute.Pointer, scores: 
                   fw: cute.Pointer, fy: cute.Pointer, n_tok: I32, ld_x: I64, ld_fy: I64,
                   stream: cuda.CUstream, k: cutlass.Constexpr, e: cutlass.Constexpr,
                   top_k: cutlass.Constexpr, tt: cutlass.Constexpr, renorm: cutlass.Constexpr,
-                  scaling: cutlass.Constexpr, front_rows: cutlass.Constexpr,
-                  min_ctas: cutlass.Constexpr = 0):
+                  scaling: cutlass.Constexpr, front_rows: cutlass.Constexpr):
     """Host side: grid (E/8 + ceil(front_rows/8), ceil(T/tt)) on the caller's stream (CUDA-graph
-    safe); `min_ctas` > 0 (front rows, one token): launch bounds for that many CTAs per SM."""
+    safe)."""
     router_kernel(x, w, bias, scores, counter, topk_w, topk_ids, fw, fy, n_tok, ld_x, ld_fy, k,
-                  e, top_k, tt, renorm, scaling, front_rows, min_ctas).launch(
+                  e, top_k, tt, renorm, scaling, front_rows).launch(
         grid=(e // WARPS + (front_rows + WARPS - 1) // WARPS, (n_tok + tt - 1) // tt, 1),
-        block=(THREADS, 1, 1), stream=stream,
-        min_blocks_per_mp=min_ctas,
-        preferred_smem_carveout=-1)  # -1: no preference
+        block=(THREADS, 1, 1), stream=stream)

@@ -97,16 +97,14 @@ def compile_router(key: RouterKey, extra_options: str = ""):
     import cutlass
     from cutlass import cute
 
-    from backend.k3_decode.ops.router import kernel as rk
+    from backend.k3_decode.ops.router.kernel import router_launch
 
     bf, f32, i32 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32
     args = [fake_ptr(bf), fake_ptr(bf), fake_ptr(f32, 4), fake_ptr(f32, 4), fake_ptr(i32, 4),
             fake_ptr(f32, 4), fake_ptr(i32, 4), fake_ptr(bf), fake_ptr(bf, 4), i32(1),
             cutlass.Int64(1), cutlass.Int64(1), cuda.CUstream(0)]
-    bound = (rk.FRONT_MIN_CTAS_PER_SM
-             if key.front_rows > 0 and key.tt == 1 and key.arch == "sm_90a" else 0)
-    return cute.compile(rk.router_launch, *args, key.k, key.experts, key.top_k, key.tt,
-                        key.renormalize, key.scaling, key.front_rows, bound,
+    return cute.compile(router_launch, *args, key.k, key.experts, key.top_k, key.tt,
+                        key.renormalize, key.scaling, key.front_rows,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
