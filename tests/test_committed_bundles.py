@@ -212,6 +212,9 @@ S7 = DeviceRun("h200-executor-s7-2026-11-30", "3ecaf0a", "9922658",
 S8 = DeviceRun("h200-executor-s8-2026-11-30", "f7e3f53", "9f3502b",
                _moved("perf", "kernels", "s3", "s4", "s4b", "s5")
                + _moved("s6", "s7", day="2026-11-30") + ("cpu-demo-2026-11-29",))
+S9 = DeviceRun("h200-executor-s9-2026-11-30", "28504c2", "fce7498",
+               _moved("perf", "kernels", "s3", "s4", "s4b", "s5")
+               + _moved("s6", "s7", "s8", day="2026-11-30") + ("cpu-demo-2026-11-29",))
 
 
 def test_h200_session4b_bundle_ran_commit_a88ab5f() -> None:
@@ -328,7 +331,35 @@ def test_h200_session8_bundle_ran_commit_f7e3f53_and_says_why_it_failed() -> Non
     assert sum("mla_qb" in n for n in names) == 1 and not any("mla_prep" in n for n in names)
 
 
-@pytest.mark.parametrize("run", [S5, S6, S7, S8], ids=lambda r: r.name)
+def test_h200_session9_bundle_ran_commit_28504c2() -> None:
+    """Session 9, run 49 (the MLA decode's absorb inside the q_b projection's launch,
+    `mla_qb_absorb`; w13's chunk dot as two FMA chains; gemv_normed's one-token launch bound):
+    kernels PASS (588 cases: `mla_qb_absorb` bit-equal to `mla_qb` + absorb in 5 cases, the
+    executor's MLA block and whole-step replay bit-equal either way, the MLA + MoE layer at 11
+    kernels by default and at 10 / 12 / 13 with the switches, every proof pattern matched),
+    perf and proof PASS (`mla_qba` in the b1 step, no absorb launch, the 4 MoE tails as
+    gemv_normed), isolation NOT_RUN."""
+    archive = S9.dir / "bundle.tar.gz"
+    kernels = _archive_json(archive, "reports/kernels.json")
+    assert kernels["status"] == "PASS" and kernels["failed"] == 0 and kernels["passed"] == 588
+    cases = kernels["cases"]
+    assert sum(c["op"] == "mla_qb_absorb" and c["passed"] for c in cases) == 5
+    assert sum(c["op"] == "executor_mla_qba" and c["passed"] for c in cases) == 4
+    assert any(c["op"] == "executor_kernels" and c["passed"] and
+               c["case"].startswith("mla_moe_layer qb=1 qba=1 fused=0 spec=11 ") for c in cases)
+    assert sum(c["op"] == "executor_kernels" and "missing=[]" in c["case"] and c["passed"]
+               for c in cases) == 2
+    for tier in ("perf", "proof"):
+        assert _archive_json(archive, f"reports/{tier}.json")["status"] == "PASS"
+    assert _archive_json(archive, "verdict.json")["outcome"] == "INCOMPLETE"
+    b1 = _archive_json(archive, "decode-rand-tp1-d0-acc1-b1-in1024-out16/profile-candidate.json")
+    names = [e["name"] for e in b1["traceEvents"] if str(e.get("cat", "")).lower() == "kernel"]
+    assert len(names) == 49 and sum("mla_qba" in n for n in names) == 1
+    assert not any("absorb" in n for n in names)
+    assert sum("gemv_normed" in n for n in names) == 4
+
+
+@pytest.mark.parametrize("run", [S5, S6, S7, S8, S9], ids=lambda r: r.name)
 def test_device_run_changed_paths_are_the_commit_diff(run: DeviceRun) -> None:
     """The bundle names the device's session-start commit (dirty) on an H200: its changed code
     paths are exactly the diff from that commit to the one that ran, plus the older bundle
@@ -346,7 +377,7 @@ def test_device_run_changed_paths_are_the_commit_diff(run: DeviceRun) -> None:
     assert code == set(diff)
 
 
-@pytest.mark.parametrize("run", [S5, S6, S7, S8], ids=lambda r: r.name)
+@pytest.mark.parametrize("run", [S5, S6, S7, S8, S9], ids=lambda r: r.name)
 def test_device_run_tree_digest_is_the_commit_that_ran(run: DeviceRun) -> None:
     """The tree digest recomputed from a worktree of the commit that ran: the paths tracked at
     the device commit (the device's index), the files added since (untracked there) and the
