@@ -14,14 +14,16 @@ second stream beside the front projection (joined before the experts). With ``pd
 (``K3_DECODE_PDL=1``) the SIMT GEMVs are programmatic dependent launches: their first weight
 loads go out while the previous kernel runs. Ordinary launches in any case: the MLA op's
 absorb / combine (as PDL launches they cost the MLA layer 3.7% at b1, H200 run 28),
-``gemv_normed`` (the MoE tail at 1-2 tokens) and ``mla_qb`` (the q_b projection there). The MLA
-layer: one fused ``q_a|kv_a|k_pe|gate`` projection, the q_b projection with the q_a RMSNorm
-inside and the kv RMSNorm + cache insert in its launch (``mla_qb``; from 3 tokens, or with
+``gemv_normed`` (the MoE tail at 1-2 tokens) and ``mla_qb`` / ``mla_qb_absorb`` (the q_b
+projection there). The MLA layer: one fused ``q_a|kv_a|k_pe|gate`` projection, the q_b
+projection with the q_a RMSNorm inside and the kv RMSNorm + cache insert in its launch, and at
+1-2 tokens also the MLA decode's absorb (``mla_qb_absorb``, clusters of 8 CTAs per head;
+``K3_DECODE_MLA_QBA=0``: ``mla_qb`` and absorb apart; from 3 tokens, or with
 ``K3_DECODE_MLA_QB=0``, one ``mla_prep`` launch for both norms and the insert, then the q_b
 GEMV), the MLA decode (reading the gate and q_nope / q_pe as row-strided views of those
-outputs; absorb / attention / combine: three launches, or one, ``mla_core_kernel``, where its
-grid fits on the GPU at once with ``K3_DECODE_MLA_FUSED=1``), o_proj: 12 launches per
-MLA + MoE layer at 1-2 tokens (10 with the one-launch MLA decode).
+outputs; [absorb] / attention / combine, or with absorb apart and ``K3_DECODE_MLA_FUSED=1`` one
+``mla_core_kernel`` where its grid fits on the GPU at once), o_proj: 11 launches per MLA + MoE
+layer at 1-2 tokens (12 with absorb apart, 10 with the one-launch MLA decode instead).
 Dense layer 0: gate_up, SiTU, down. (An L2 prefetch of the next weight on a third stream was
 measured on the H200 and cost time; it was removed, see backend/NOTES.md session 5.)
 """
