@@ -62,6 +62,14 @@ def vec(base: cute.Pointer, dtype, n: int, align: int) -> cute.Tensor:
     return cute.make_tensor(p, cute.make_layout((n,)))
 
 
+def smem_vec(base: cute.Tensor, off, n: int) -> cute.Tensor:
+    """`n` consecutive elements of the flat shared-memory tensor `base` at element offset `off`
+    (16-byte aligned: the caller's layout guarantees it), for one vector copy."""
+    p = cute.make_ptr(base.element_type, (base.iterator + off).toint(), cute.AddressSpace.smem,
+                      assumed_align=16)
+    return cute.make_tensor(p, cute.make_layout((n,)))
+
+
 def flat(base: cute.Pointer, n: int = 1 << 30) -> cute.Tensor:
     """A 1-D view of `base` for scalar indexing."""
     return cute.make_tensor(base, cute.make_layout((n,)))

@@ -25,6 +25,8 @@ import math
 import cutlass
 import cutlass.cute as cute
 
+from backend.k3_decode.ops.gemv.device import smem_vec
+
 D_LAT = 512
 D_ROPE = 64
 D_QK = D_LAT + D_ROPE
@@ -48,13 +50,6 @@ def _ptr_tensor(ptr: cute.Pointer, n: int | cutlass.Int32) -> cute.Tensor:
     return cute.make_tensor(ptr, cute.make_layout(n))
 
 
-def _smem4(base: cute.Tensor, off) -> cute.Tensor:
-    """4 consecutive fp32 of a flat shared-memory tensor at a 16-byte aligned element offset."""
-    p = cute.make_ptr(cutlass.Float32, (base.iterator + off).toint(), cute.AddressSpace.smem,
-                      assumed_align=16)
-    return cute.make_tensor(p, cute.make_layout(4))
-
-
 @cute.jit
 def _store4(base: cute.Tensor, off, acc: cute.Tensor, j):
     """Store ``acc[j, 0..3]`` as one 16-byte shared-memory store at ``base[off]``."""
@@ -62,7 +57,7 @@ def _store4(base: cute.Tensor, off, acc: cute.Tensor, j):
     for c in cutlass.range_constexpr(4):
         frag[c] = acc[j, c]
     cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32, num_bits_per_copy=128)
-    cute.copy(cp, frag, _smem4(base, off))
+    cute.copy(cp, frag, smem_vec(base, off, 4))
 
 
 @cute.jit

@@ -51,6 +51,7 @@ from backend.k3_decode.ops.gemv.device import (
     f16_lo,
     flat,
     situ,
+    smem_vec,
     vec,
 )
 from backend.k3_decode.ops.moe.tiling import CHUNK, w13_tc_blocks
@@ -64,13 +65,6 @@ W2_SLOT_WARPS = 16  # w2: one warp per expert slot (up to 16; more slots take tu
 def _sw(c):
     """Swizzle of the 4-float groups inside a 32-float chunk (conflict-free 16-byte reads)."""
     return (c & 7) << 2
-
-
-def _svec(base: cute.Tensor, off) -> cute.Tensor:
-    """4 consecutive fp32 of a shared-memory tensor at a 16-byte aligned element offset."""
-    p = cute.make_ptr(F32, (base.iterator + off).toint(), cute.AddressSpace.smem,
-                      assumed_align=16)
-    return cute.make_tensor(p, cute.make_layout((4,)))
 
 
 @cute.jit
@@ -88,8 +82,8 @@ def _chunk_dot(words: cute.Tensor, i: cutlass.Constexpr, xs: cute.Tensor, cbase,
     for q in cutlass.range_constexpr(4):
         xa = cute.make_rmem_tensor((4,), F32)
         xb = cute.make_rmem_tensor((4,), F32)
-        cute.copy(cp, _svec(xs, cbase + ((8 * q) ^ _sw(c))), xa)
-        cute.copy(cp, _svec(xs, cbase + ((8 * q + 4) ^ _sw(c))), xb)
+        cute.copy(cp, smem_vec(xs, cbase + ((8 * q) ^ _sw(c)), 4), xa)
+        cute.copy(cp, smem_vec(xs, cbase + ((8 * q + 4) ^ _sw(c)), 4), xb)
         for ii in cutlass.range_constexpr(4):
             h = e2m1_pair(words[q, i], ii)
             if cutlass.const_expr(chains == 2):

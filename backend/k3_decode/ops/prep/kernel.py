@@ -50,10 +50,12 @@ from backend.k3_decode.ops.gemv.device import (
     U32,
     flat,
     situ,
+    smem_vec,
     st_cluster_f32,
     vec,
 )
 from backend.k3_decode.ops.gemv.kernel import row_dot
+from backend.k3_decode.ops.mla.kernels import D_LAT, D_NOPE, D_ROPE, LOG2E
 
 THREADS = 256
 WARPS = THREADS // 32
@@ -401,20 +403,10 @@ def mla_qb_launch(q_c: cute.Pointer, q_w: cute.Pointer, w: cute.Pointer, y: cute
 QBA_SPLIT = 8  # CTAs per head (one cluster): each owns 24 of the head's 192 q_b rows
 QBA_WARPS = 24  # one warp per q_b row
 QBA_THREADS = 32 * QBA_WARPS
-QBA_NOPE, QBA_ROPE, QBA_LAT = 128, 64, 512
-QBA_HEAD_ROWS = QBA_NOPE + QBA_ROPE  # q_b rows per head: [nope | rope]
-QBA_COLS = QBA_LAT // QBA_SPLIT  # latent columns of W_UK_T per CTA
+QBA_HEAD_ROWS = D_NOPE + D_ROPE  # q_b rows per head: [nope | rope]
+QBA_COLS = D_LAT // QBA_SPLIT  # latent columns of W_UK_T per CTA
 QBA_GROUPS = 4  # row groups of 32 in the absorb sum (the order `mla.kernels.absorb_body` uses)
-QBA_W_VECS = QBA_NOPE * QBA_COLS // V  # 16-byte vectors of the CTA's W_UK_T slice
-LOG2E = 1.4426950408889634
-
-
-@cute.jit
-def _smem_vec(base: cute.Tensor, off, dtype, n: cutlass.Constexpr) -> cute.Tensor:
-    """`n` consecutive elements of a flat shared-memory tensor at a 16-byte aligned offset."""
-    p = cute.make_ptr(dtype, (base.iterator + off).toint(), cute.AddressSpace.smem,
-                      assumed_align=16)
-    return cute.make_tensor(p, cute.make_layout((n,)))
+QBA_W_VECS = D_NOPE * QBA_COLS // V  # 16-byte vectors of the CTA's W_UK_T slice
 
 
 @cute.kernel
@@ -447,13 +439,13 @@ def mla_qba_kernel(q_c: cute.Pointer, q_w: cute.Pointer, w: cute.Pointer, y: cut
             if c < QBA_W_VECS:
                 d = c // (QBA_COLS // V)
                 j = c - d * (QBA_COLS // V)
-                src = (w_uk_t + (head.to(I64) * QBA_NOPE + d) * QBA_LAT + rank * QBA_COLS
+                src = (w_uk_t + (head.to(I64) * D_NOPE + d) * D_LAT + rank * QBA_COLS
                        + j * V)
                 cute.copy(cp, vec(src, BF16, V, 16), wv[None, i])
         smem = SmemAllocator()
-        s_w = smem.allocate_tensor(BF16, cute.make_layout((QBA_NOPE * QBA_COLS,)),
+        s_w = smem.allocate_tensor(BF16, cute.make_layout((D_NOPE * QBA_COLS,)),
                                    byte_alignment=16)
-        s_q = smem.allocate_tensor(F32, cute.make_layout((tt * QBA_NOPE,)), byte_alignment=16)
+        s_q = smem.allocate_tensor(F32, cute.make_layout((tt * D_NOPE,)), byte_alignment=16)
         s_red = smem.allocate_tensor(F32, cute.make_layout((QBA_GROUPS * tt * QBA_COLS,)),
                                      byte_alignment=16)
         qscale = softmax_scale * LOG2E * flat(kv_scale)[0]
@@ -465,7 +457,7 @@ def mla_qba_kernel(q_c: cute.Pointer, q_w: cute.Pointer, w: cute.Pointer, y: cut
         for i in cutlass.range_constexpr(nround):
             c = tid + QBA_THREADS * i
             if c < QBA_W_VECS:
-                cute.copy(cp, wv[None, i], _smem_vec(s_w, c * V, BF16, V))
+                cute.copy(cp, wv[None, i], smem_vec(s_w, c * V, V))
         cute.arch.cluster_wait()
         if cute.arch.lane_idx() == 0:
             for t in cutlass.range_constexpr(tt):
@@ -473,13 +465,13 @@ def mla_qba_kernel(q_c: cute.Pointer, q_w: cute.Pointer, w: cute.Pointer, y: cut
                     inv = cute.rsqrt(ss[t] * F32(1.0 / k) + F32(q_eps))
                     val = (acc[t] * inv).to(BF16)
                     flat(y)[t * ld_y + row.to(I64)] = val
-                    if r_in_head < QBA_NOPE:  # into every CTA of the head's cluster
+                    if r_in_head < D_NOPE:  # into every CTA of the head's cluster
                         for r in cutlass.range_constexpr(QBA_SPLIT):
-                            st_cluster_f32(s_q.iterator + (t * QBA_NOPE + r_in_head), r,
+                            st_cluster_f32(s_q.iterator + (t * D_NOPE + r_in_head), r,
                                            val.to(F32))
                     else:
-                        lat_row = (t * n_heads + head).to(I64) * (QBA_LAT + QBA_ROPE)
-                        flat(q_lat)[lat_row + QBA_LAT + (r_in_head - QBA_NOPE)] = (
+                        lat_row = (t * n_heads + head).to(I64) * (D_LAT + D_ROPE)
+                        flat(q_lat)[lat_row + D_LAT + (r_in_head - D_NOPE)] = (
                             val.to(F32) * qscale)
         cute.arch.cluster_arrive()  # phase 2: q_nope is in every CTA's s_q, s_w is stored
         cute.arch.cluster_wait()
@@ -488,11 +480,11 @@ def mla_qba_kernel(q_c: cute.Pointer, q_w: cute.Pointer, w: cute.Pointer, y: cut
             col = tid - g * QBA_COLS
             part = cute.make_rmem_tensor((tt,), F32)
             part.fill(0.0)
-            for dd in cutlass.range_constexpr(QBA_NOPE // QBA_GROUPS):
-                d = g * (QBA_NOPE // QBA_GROUPS) + dd
+            for dd in cutlass.range_constexpr(D_NOPE // QBA_GROUPS):
+                d = g * (D_NOPE // QBA_GROUPS) + dd
                 wf = s_w[d * QBA_COLS + col].to(F32)
                 for t in cutlass.range_constexpr(tt):
-                    part[t] = part[t] + s_q[t * QBA_NOPE + d] * wf
+                    part[t] = part[t] + s_q[t * D_NOPE + d] * wf
             for t in cutlass.range_constexpr(tt):
                 s_red[(g * tt + t) * QBA_COLS + col] = part[t]
         cute.arch.barrier()
@@ -503,7 +495,7 @@ def mla_qba_kernel(q_c: cute.Pointer, q_w: cute.Pointer, w: cute.Pointer, y: cut
                 tot = F32(0.0)
                 for g in cutlass.range_constexpr(QBA_GROUPS):
                     tot = tot + s_red[(g * tt + t) * QBA_COLS + col]
-                lat_row = (t * n_heads + head).to(I64) * (QBA_LAT + QBA_ROPE)
+                lat_row = (t * n_heads + head).to(I64) * (D_LAT + D_ROPE)
                 flat(q_lat)[lat_row + rank * QBA_COLS + col] = tot * qscale
     else:
         if (rank == 0) & (warp < tt) & (warp < n_tok):

@@ -440,7 +440,7 @@ def mla_qb(q_c: torch.Tensor, q_norm_w: torch.Tensor, w_qb: torch.Tensor, kv_c: 
     return out
 
 
-QBA_NOPE, QBA_ROPE, QBA_LAT = 128, 64, 512  # the K3 MLA head: q_b rows [nope | rope], W_UK_T
+QBA_NOPE = 128  # q_nope rows per K3 MLA head; with the KV_PE (64) q_pe rows: [nope | rope]
 QBA_MAX_HEADS = 128  # (heads + 1) clusters of 8 CTAs; K3: 12 heads at TP8, 6 at TP16
 QBA_MAX_K = 2048  # its 768-thread CTAs get <= 80 registers a thread: K = 4096 spills (ptxas)
 
@@ -448,7 +448,7 @@ QBA_MAX_K = 2048  # its 768-thread CTAs get <= 80 registers a thread: K = 4096 s
 def qba_fits(n_tok: int, k: int, n_rows: int) -> bool:
     """Whether `mla_qb_absorb` takes `n_tok` tokens, a q_a row of width K (<= 2048) and
     `n_rows` q_b rows (a whole number of K3 MLA heads of 192 rows)."""
-    heads, rest = divmod(n_rows, QBA_NOPE + QBA_ROPE)
+    heads, rest = divmod(n_rows, QBA_NOPE + KV_PE)
     return qb_fits(n_tok, k) and k <= QBA_MAX_K and rest == 0 and 1 <= heads <= QBA_MAX_HEADS
 
 
@@ -490,14 +490,14 @@ def mla_qb_absorb(q_c: torch.Tensor, q_norm_w: torch.Tensor, w_qb: torch.Tensor,
                                  out)
     need(k <= QBA_MAX_K, err, op, f"K={k}: {op} takes K up to {QBA_MAX_K}")
     need(qba_fits(t, k, n), err, op, f"w_qb has {n} rows: {op} takes a whole number of heads "
-         f"of {QBA_NOPE + QBA_ROPE} rows, 1..{QBA_MAX_HEADS} heads")
-    h = n // (QBA_NOPE + QBA_ROPE)
+         f"of {QBA_NOPE + KV_PE} rows, 1..{QBA_MAX_HEADS} heads")
+    h = n // (QBA_NOPE + KV_PE)
     need(isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale), err, op,
          f"softmax_scale={softmax_scale!r} must be a finite number")
-    check_tensor(err, op, "w_uk_t", w_uk_t, BF, (h, QBA_NOPE, QBA_LAT))
+    check_tensor(err, op, "w_uk_t", w_uk_t, BF, (h, QBA_NOPE, KV_LAT))
     if q_lat is None:
-        q_lat = torch.empty(t, h, QBA_LAT + QBA_ROPE, dtype=torch.float32, device=q_c.device)
-    check_tensor(err, op, "q_lat", q_lat, torch.float32, (t, h, QBA_LAT + QBA_ROPE))
+        q_lat = torch.empty(t, h, KV_ROW, dtype=torch.float32, device=q_c.device)
+    check_tensor(err, op, "q_lat", q_lat, torch.float32, (t, h, KV_ROW))
     for name, x in (("q_c", q_c), ("q_norm_w", q_norm_w), ("w_qb", w_qb), ("w_uk_t", w_uk_t),
                     ("out", out), ("kv_cache", kv_cache), ("kv_scale", kv_scale)):
         need(not _overlap(q_lat, x), err, op, f"q_lat overlaps {name}")
