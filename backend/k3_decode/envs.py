@@ -32,6 +32,22 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # "0": the router and the MoE front projection are two launches at every batch (default: one
     # launch at 1-2 tokens).
     "K3_DECODE_ROUTER_FRONT": lambda: os.environ.get("K3_DECODE_ROUTER_FRONT", "1") != "0",
+    # "1": the router's top-k rounds compile as a loop instead of 16 unrolled copies (same
+    # result, a sixteenth of the selection's code; NOTES.md session 10). Off until timed on the
+    # H200 inside a layer step.
+    "K3_DECODE_ROUTER_ROLLED": lambda: os.environ.get("K3_DECODE_ROUTER_ROLLED", "0") == "1",
+    # "1": every warp of the SIMT GEMVs and of the router + front launch first bulk-prefetches
+    # its whole weight row into L2 (`cp.async.bulk.prefetch`), so the row is requested from DRAM
+    # at once (NOTES.md session 10). Off until timed on the H200.
+    "K3_DECODE_GEMV_PREFETCH": lambda: os.environ.get("K3_DECODE_GEMV_PREFETCH", "0") == "1",
+    # "1": at 1-4 tokens the MLA decode's absorb / combine CTAs take 4 tokens instead of 8
+    # (`Tiling(tokens_per_cta=4)`: at one token combine's W_UV loop runs for 3 padding tokens
+    # fewer; same bits). Off until timed on the H200 (NOTES.md session 10).
+    "K3_DECODE_MLA_SMALL_TPC": lambda: os.environ.get("K3_DECODE_MLA_SMALL_TPC", "0") == "1",
+    # "1": the AttnRes kernel first bulk-prefetches the saved block rows it will mix into L2
+    # (their loads wait behind a CTA reduction each). Off until timed (NOTES.md session 10).
+    "K3_DECODE_ATTNRES_PREFETCH": lambda: os.environ.get("K3_DECODE_ATTNRES_PREFETCH",
+                                                         "0") == "1",
     # "1": the SIMT GEMVs (1-2 rows, and 3-4 rows of few long weight rows) are programmatic
     # dependent launches: their first weight loads go out while the previous kernel runs (each
     # kernel that can precede a GEMV signals `griddepcontrol.launch_dependents` at its start).

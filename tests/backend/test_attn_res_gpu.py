@@ -72,3 +72,35 @@ def test_attn_res_strided_blocks() -> None:
     ok, msg = check_and_record(OP, "t6/nb3/strided_blocks/out", out, ref, 2e-2, 2e-2,
                                REL_FRO[torch.bfloat16])
     assert ok, msg
+
+
+@pytest.mark.parametrize("t,num_blocks,has_delta,write_idx,strided", [
+    (1, 1, True, -1, False), (1, 5, True, 5, False), (3, 8, False, -1, True),
+    (64, 2, True, 2, False)])
+def test_attn_res_block_prefetch_changes_no_bit(t: int, num_blocks: int, has_delta: bool,
+                                               write_idx: int, strided: bool) -> None:
+    """The saved block rows bulk-prefetched into L2 first (`prefetch=True`,
+    ``K3_DECODE_ATTNRES_PREFETCH=1``): output, updated prefix and written block slot bit-equal
+    to the plain kernel on the same inputs, and the output against float64; slot-major
+    (strided) block storage too."""
+    from backend.k3_decode.ops.attn_res import attn_res_norm
+
+    inp = make_inputs(t, 9, seed=500 + t * 10 + num_blocks)
+    if strided:
+        inp["blocks"] = inp["blocks"].transpose(0, 1).contiguous().transpose(0, 1)
+    delta = inp["delta"] if has_delta else None
+    ref = attn_res(inp["prefix"].clone(), delta, inp["blocks"].clone(), inp["norm_w"],
+                   inp["proj_w"], inp["out_norm_w"], num_blocks, write_idx)
+    res = []
+    for pf in (False, True):
+        prefix, blocks = inp["prefix"].clone(), inp["blocks"].clone()
+        out = poison_(torch.empty(t, H, dtype=torch.bfloat16, device="cuda"))
+        attn_res_norm(prefix, delta, blocks, inp["norm_w"], inp["proj_w"], inp["out_norm_w"],
+                      num_blocks, write_idx, out=out, prefetch=pf)
+        res.append((out, prefix, blocks))
+    torch.cuda.synchronize()
+    case = f"t{t}/nb{num_blocks}/w{write_idx}/strided{int(strided)}/prefetch"
+    ok, msg = check_and_record(OP, f"{case}/out", res[1][0], ref, 2e-2, 2e-2,
+                               REL_FRO[torch.bfloat16])
+    assert ok, msg
+    assert all(torch.equal(a, b) for a, b in zip(res[0], res[1])), "prefetch changed bits"

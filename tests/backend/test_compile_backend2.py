@@ -31,11 +31,13 @@ compile_gemv(GemvKey(7168, 64, False, arch, "mma"))
 compile_gemv(GemvKey(7168, 8, False, arch, "mma", 8))  # split-K across 8 warps
 compile_gemv(GemvKey(1536, 64, True, arch, "mma", 4))
 compile_gemv(GemvKey(7168, 1, False, arch, "simt", 1, True))  # programmatic dependent launch
+compile_gemv(GemvKey(7168, 1, False, arch, "simt", 1, False, True))  # bulk L2 row prefetch
 compile_gemv_normed(GemvNormedKey(3584, 4352, 448, 1e-6, 1, False, arch))  # MoE tail + norm
 compile_gemv_normed(GemvNormedKey(3584, 3840, 224, 1e-6, 2, True, arch))
 compile_gemv_normed(GemvNormedKey(3584, 4352, 448, 1e-6, 2, False, arch))  # the executor's T = 2
 compile_router(RouterKey(7168, 896, 16, 8, True, 1.0, arch))
 compile_router(RouterKey(7168, 896, 16, 1, True, 1.0, arch, 3584 + 1536))  # + front rows
+compile_router(RouterKey(7168, 896, 16, 1, True, 1.0, arch, 3584 + 1536, True, True))  # rolled, prefetch
 compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch))
 compile_moe(MoeKey(3584, 256, 16, 224, 4.0, 25.0, arch))
 compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6))  # + norm, shared SiTU
@@ -48,6 +50,7 @@ compile_moe(MoeKey(4096, 384, 16, 896, 4.0, 25.0, arch, False, 0, 1e-6, 1, True,
 compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 1, False, 0, True))
 compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 2, False, 0, True))
 compile_attn_res(AttnResKey(7168, 8, True, True, True, 1e-6, 1e-6, arch))
+compile_attn_res(AttnResKey(7168, 3, True, False, True, 1e-6, 1e-6, arch, True))  # block prefetch
 print("COMPILED", arch)
 """
 KERNELS = ("gemv_kernel", "gemv_mma_kernel", "gemv_normed_kernel", "router_kernel",
@@ -79,3 +82,8 @@ def test_backend2_kernels_compile_without_spills(arch: str) -> None:
     normed = [r for (n, _), r in zip(entries, regs, strict=True) if "gemv_normed_kernel" in n]
     assert len(normed) == 3, normed
     assert normed[0] <= 32 if arch == "sm_90a" else normed[0] > 0, normed
+    # the router's top-k rounds as a loop (rolled) need fewer registers than unrolled: <= 80
+    # lets 3 CTAs of 256 threads share an SM (unrolled: 96, 2 CTAs; NOTES.md session 10)
+    router = [r for (n, _), r in zip(entries, regs, strict=True) if "router_kernel" in n]
+    assert len(router) == 3, router
+    assert router[2] <= 80 < min(router[:2]), router

@@ -157,3 +157,24 @@ def test_gemv_normed_matches_reference(n: int, lat: int, s: int, t: int, strided
     ok, msg = check_and_record(OP, f"normed/{n}x{lat}+{s}/t{t}{'/strided' if strided else ''}",
                                out, ref, 2e-2, 2e-2, REL_FRO[torch.bfloat16])
     assert ok, msg
+
+
+@pytest.mark.parametrize("n,k,t", [(6288, 7168, 1), (7168, 1536, 2), (7168, 384, 1),
+                                   (896, 7168, 4), (2304, 1536, 8)])
+def test_gemv_row_prefetch_changes_no_bit(n: int, k: int, t: int) -> None:
+    """The SIMT kernel with each warp's row bulk-prefetched into L2 first (`prefetch=True`,
+    ``K3_DECODE_GEMV_PREFETCH=1``) writes the same bits as without (a prefetch moves no data a
+    thread reads), and both agree with float64; poisoned outputs, strided x."""
+    from backend.k3_decode.ops.gemv import gemv
+
+    x, w = _inputs(n, k, t, seed=3 * n + k + t, row_pad=64)
+    outs = []
+    for pf in (False, True):
+        out = poison_(torch.empty(t, n, dtype=torch.bfloat16, device="cuda"))
+        gemv(x, w, out, variant="simt", prefetch=pf)
+        torch.cuda.synchronize()
+        outs.append(out)
+    ok, msg = check_and_record(OP, f"simt/prefetch/n{n}/k{k}/t{t}", outs[1],
+                               x.double() @ w.double().T, 2e-2, 2e-2, REL_FRO[torch.bfloat16])
+    assert ok, msg
+    assert torch.equal(outs[0], outs[1])

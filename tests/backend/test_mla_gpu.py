@@ -400,3 +400,32 @@ def test_mla_decode_takes_a_precomputed_q_lat_and_skips_absorb():
     counter = torch.zeros(4, dtype=torch.int32, device="cuda")
     with pytest.raises(MlaInputError, match=r"runs its own absorb stage \(q_lat= was given\)"):
         mla_decode(**kw, kv_scale=ks, fused=True, counter=counter, q_lat=q_lat)
+
+
+@pytest.mark.parametrize("cache", ["fp8", "bf16"])
+@pytest.mark.parametrize("name,seq_lens,q", [
+    ("b1_ctx1000", [1000], 1), ("b2_mixed", [5, 4096], 1), ("b3_short", [1, 2, 3], 1),
+    ("q2_r2", [64, 700], 2), ("b9_mixed", [9, 1, 4096, 300, 77, 2, 1000, 64, 5], 1)])
+def test_mla_decode_four_tokens_per_combine_cta(name, seq_lens, q, cache):
+    """Absorb / combine CTAs of 4 tokens (``Tiling(tokens_per_cta=4)``, the executor's choice
+    at <= 4 tokens with ``K3_DECODE_MLA_SMALL_TPC=1``) against float64, and bit-equal to the
+    default 8-token CTAs (the same per-token sums in the same order; only the grouping of
+    tokens into CTAs changes); poisoned outputs, 9 tokens give a partly filled last group."""
+    from backend.k3_decode.ops.mla import mla_decode
+    from backend.k3_decode.ops.mla.compile import Tiling
+
+    heads = 12
+    inp = make_inputs(heads, seq_lens, q, cache, 64, seed=zlib.crc32(name.encode()))
+    kw = {k: inp[k] for k in ("q_nope", "q_pe", "gate", "kv_cache", "block_table", "seq_lens",
+                              "w_uk_t", "w_uv")}
+    outs = {}
+    for tpc in (8, 4):
+        outs[tpc] = poison_(torch.empty_like(inp["gate"]))
+        mla_decode(**kw, q_per_request=q, kv_scale=inp["kv_scale"], out=outs[tpc],
+                   max_context=max(seq_lens), tiling=Tiling(tokens_per_cta=tpc))
+    torch.cuda.synchronize()
+    atol, rtol = tolerance(torch.bfloat16)
+    ok, msg = check_and_record(OP, f"mma/tpc4/{name}/h{heads}/{cache}", outs[4],
+                               reference(inp, q), atol, rtol, REL_FRO[torch.bfloat16])
+    assert ok, msg
+    assert torch.equal(outs[4], outs[8]), "4-token CTAs changed bits"

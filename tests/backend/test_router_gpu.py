@@ -28,14 +28,14 @@ def make_inputs(t: int, e: int, seed: int, row_pad: int = 0) -> dict:
     return {"x": x, "gate_w": w, "bias": bias}
 
 
-def run_kernel(inp: dict, top_k: int = 16, scaling: float = 1.0):
+def run_kernel(inp: dict, top_k: int = 16, scaling: float = 1.0, rolled: bool = False):
     from backend.k3_decode.ops.router import route
 
     t, e = inp["x"].shape[0], inp["gate_w"].shape[0]
     out = (poison_(torch.empty(t, top_k, device="cuda")),
            poison_(torch.empty(t, top_k, dtype=torch.int32, device="cuda")),
            poison_(torch.empty(t, e, device="cuda")))
-    route(inp["x"], inp["gate_w"], inp["bias"], top_k, scaling, out=out)
+    route(inp["x"], inp["gate_w"], inp["bias"], top_k, scaling, out=out, rolled=rolled)
     torch.cuda.synchronize()
     return out
 
@@ -46,9 +46,10 @@ def expected_ids(scores: torch.Tensor, bias: torch.Tensor, top_k: int) -> torch.
     return torch.sort(biased, dim=-1, descending=True, stable=True).indices[:, :top_k].int()
 
 
-def check(case: str, inp: dict, top_k: int = 16, scaling: float = 1.0) -> None:
+def check(case: str, inp: dict, top_k: int = 16, scaling: float = 1.0,
+          rolled: bool = False) -> None:
     """Scores vs float64, ids exact vs the stable sort, weights vs float64 at those ids."""
-    w_out, ids, scores = run_kernel(inp, top_k, scaling)
+    w_out, ids, scores = run_kernel(inp, top_k, scaling, rolled)
     ref_scores = torch.sigmoid(inp["x"].double() @ inp["gate_w"].double().T)
     ok, msg = check_and_record(OP, f"{case}/scores", scores, ref_scores, 1e-5, 1e-4)
     assert ok, msg
@@ -162,3 +163,50 @@ def test_router_with_front_projection(batch: int) -> None:
     ref = inp["x"].double() @ front.double().T
     ok, msg = check_and_record(OP, f"e896/b{batch}/with_front/front_out", fo, ref, 2e-3, 1e-2)
     assert ok, msg
+
+
+@pytest.mark.parametrize(("experts", "batch", "top_k"), [(896, 1, 16), (896, 2, 16), (896, 9, 8),
+                                                         (224, 64, 16), (896, 3, 32)])
+def test_router_rolled_rounds_give_the_same_routing(experts: int, batch: int, top_k: int) -> None:
+    """The top-k rounds compiled as a loop (`rolled=True`, ``K3_DECODE_ROUTER_ROLLED=1``) pick the
+    same ids in the same order and the same weights, bit for bit, as the unrolled rounds, and
+    both agree with the references in `check`; with exact ties among the picks too."""
+    inp = make_inputs(batch, experts, seed=90 + batch + top_k)
+    inp["gate_w"][7] = inp["gate_w"][3]  # an exact tie between two experts
+    inp["bias"][7] = inp["bias"][3]
+    inp["bias"][[3, 7]] += 5.0  # ... that both get picked
+    want = run_kernel(inp, top_k, 1.5)
+    got = run_kernel(inp, top_k, 1.5, rolled=True)
+    same = all(torch.equal(a, b) for a, b in zip(got, want))
+    record_case(op=OP, case=f"e{experts}/b{batch}/top{top_k}/rolled_vs_unrolled_bitwise",
+                dtype="float32", max_abs_err=float((got[0] - want[0]).abs().max()),
+                max_rel_err=0.0, atol=0.0, rtol=0.0, passed=same)
+    assert same, (got[1][:2], want[1][:2])
+    assert bool((got[1] == 3).any(dim=-1).all()) and bool((got[1] == 7).any(dim=-1).all())
+    check(f"e{experts}/b{batch}/top{top_k}/rolled", inp, top_k, 1.5, rolled=True)
+
+
+@pytest.mark.parametrize(("batch", "rolled"), [(1, False), (1, True), (2, True), (9, False)])
+def test_router_front_with_row_prefetch_is_bit_equal(batch: int, rolled: bool) -> None:
+    """Router + front launch with every warp's weight row bulk-prefetched into L2 first
+    (`prefetch=True`, ``K3_DECODE_GEMV_PREFETCH=1``), rounds unrolled or rolled: scores, ids,
+    weights and the front projection bit-equal to the plain launch; poisoned outputs."""
+    from backend.k3_decode.ops.router import route
+
+    inp = make_inputs(batch, 896, seed=140 + batch)
+    g = torch.Generator(device="cpu").manual_seed(177 + batch)
+    front = (torch.randn(3584 + 1536, HIDDEN, generator=g) * 0.02).to(torch.bfloat16).cuda()
+    res = []
+    for pf in (False, True):
+        out = (poison_(torch.empty(batch, 16, device="cuda")),
+               poison_(torch.empty(batch, 16, dtype=torch.int32, device="cuda")),
+               poison_(torch.empty(batch, 896, device="cuda")))
+        fo = poison_(torch.empty(batch, front.shape[0], dtype=torch.bfloat16, device="cuda"))
+        res.append(route(inp["x"], inp["gate_w"], inp["bias"], out=out, front=front,
+                         front_out=fo, rolled=rolled and pf, prefetch=pf))
+    torch.cuda.synchronize()
+    same = all(torch.equal(a, b) for a, b in zip(res[0], res[1]))
+    record_case(op=OP, case=f"e896/b{batch}/front/prefetch/rolled={rolled}/bitwise",
+                dtype="float32", max_abs_err=float((res[0][2] - res[1][2]).abs().max()),
+                max_rel_err=0.0, atol=0.0, rtol=0.0, passed=same)
+    assert same

@@ -92,6 +92,7 @@ class KernelOps:
         from backend.k3_decode.ops.gemv import gemv, gemv_normed
         from backend.k3_decode.ops.kda import kda_decode
         from backend.k3_decode.ops.mla import mla_decode
+        from backend.k3_decode.ops.mla.compile import DEFAULT_TILING, Tiling
         from backend.k3_decode.ops.moe import moe_experts
         from backend.k3_decode.ops.prep import mla_prep, mla_qb, mla_qb_absorb, rms_glu_prep
         from backend.k3_decode.ops.router import route
@@ -101,7 +102,8 @@ class KernelOps:
         if self._torch_prep:  # fallback, see NOTES.md
             rms_glu_prep, mla_prep = torch_rms_glu_prep, torch_mla_prep
         self._pdl = bool(envs.K3_DECODE_PDL if pdl is None else pdl)
-        self._gemv = functools.partial(gemv, pdl=self._pdl)
+        self._prefetch = envs.K3_DECODE_GEMV_PREFETCH
+        self._gemv = functools.partial(gemv, pdl=self._pdl, prefetch=self._prefetch)
         self._gemv_normed = gemv_normed
         norm_at = envs.K3_DECODE_MOE_NORM
         if norm_at not in ("gemv", "w2"):
@@ -114,9 +116,16 @@ class KernelOps:
         self._mla_qba = mla_qb_absorb if self._mla_qb is not None and envs.K3_DECODE_MLA_QBA \
             else None
         self._mla_fused = None if envs.K3_DECODE_MLA_FUSED == "1" else False  # None: if it fits
+        self._mla_tiling = DEFAULT_TILING
+        self._mla_small = Tiling(tokens_per_cta=4) if envs.K3_DECODE_MLA_SMALL_TPC \
+            else DEFAULT_TILING
         self.max_context = max_context
         self._side = torch.cuda.Stream() if side_stream else None
         self._router_front = envs.K3_DECODE_ROUTER_FRONT
+        self._route = functools.partial(route, rolled=envs.K3_DECODE_ROUTER_ROLLED,
+                                        prefetch=self._prefetch)
+        self._attn_res = functools.partial(attn_res_norm,
+                                           prefetch=envs.K3_DECODE_ATTNRES_PREFETCH)
         self.skip_experts = False
         """Benchmark aid: skip the routed experts (the latent goes straight to the norm)."""
         self._counters: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
@@ -197,7 +206,8 @@ class KernelOps:
                       w.w_uk_t, w.w_uv, q_per_request=inp.q, kv_scale=cache.kv_scale,
                       softmax_scale=m.softmax_scale, max_context=self.max_context,
                       check_lengths=False, counter=self.counters(h.device)[2],
-                      fused=self._mla_fused, q_lat=q_lat)
+                      fused=self._mla_fused, q_lat=q_lat,
+                      tiling=self._mla_small if t <= 4 else self._mla_tiling)
         return self._gemv(o, w.o_proj, out)
 
     def moe(self, w: MoeWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ import cutlass
 from cutlass import cute
 from cutlass.memory import SmemAllocator
 
-from backend.k3_decode.ops.gemv.device import BF16, F32, I32, I64, vec
+from backend.k3_decode.ops.gemv.device import BF16, F32, I32, I64, prefetch_l2, vec
 
 THREADS = 256
 WARPS = THREADS // 32
@@ -77,10 +77,20 @@ def attn_res_kernel(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
                     ld_blk_t: I64, ld_blk_s: I64, ld_out: I64, h: cutlass.Constexpr,
                     num_blocks: cutlass.Constexpr, has_delta: cutlass.Constexpr,
                     write_block: cutlass.Constexpr, out_norm: cutlass.Constexpr,
-                    eps: cutlass.Constexpr, out_eps: cutlass.Constexpr):
-    """One token: prefix update, online-softmax mix over the sources, output RMSNorm."""
+                    eps: cutlass.Constexpr, out_eps: cutlass.Constexpr,
+                    prefetch: cutlass.Constexpr):
+    """One token: prefix update, online-softmax mix over the sources, output RMSNorm.
+
+    ``prefetch``: threads 0 .. num_blocks-1 first ask L2 for one saved block row each (one bulk
+    prefetch of 2H bytes), so the source loads of step 2, which wait behind a CTA reduction
+    each, find their rows in L2 instead of starting a DRAM round trip there."""
     cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
     tok, _, _ = cute.arch.block_idx()
+    if cutlass.const_expr(prefetch):
+        tid0, _, _ = cute.arch.thread_idx()
+        for s in cutlass.range_constexpr(num_blocks):
+            if tid0 == s:
+                prefetch_l2(blocks + tok.to(I64) * ld_blk_t + s * ld_blk_s, h * 2)
     per = h // (THREADS * V)
     n = per * V
     smem = SmemAllocator()
@@ -152,9 +162,9 @@ def attn_res_launch(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
                     stream: cuda.CUstream, h: cutlass.Constexpr, num_blocks: cutlass.Constexpr,
                     has_delta: cutlass.Constexpr, write_block: cutlass.Constexpr,
                     out_norm: cutlass.Constexpr, eps: cutlass.Constexpr,
-                    out_eps: cutlass.Constexpr):
+                    out_eps: cutlass.Constexpr, prefetch: cutlass.Constexpr = False):
     """Host side: one CTA per token on the caller's stream (CUDA-graph safe)."""
     attn_res_kernel(prefix, delta, blocks, norm_w, proj_w, out_w, out, block_write_idx,
                     ld_prefix, ld_delta, ld_blk_t, ld_blk_s, ld_out, h, num_blocks, has_delta,
-                    write_block, out_norm, eps, out_eps).launch(
+                    write_block, out_norm, eps, out_eps, prefetch).launch(
         grid=(n_tok, 1, 1), block=(THREADS, 1, 1), stream=stream)

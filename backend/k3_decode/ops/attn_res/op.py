@@ -50,6 +50,7 @@ class AttnResKey:
     eps: float
     out_eps: float
     arch: str
+    prefetch: bool = False
 
 
 def check_inputs(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
@@ -95,21 +96,25 @@ def compile_attn_res(key: AttnResKey, extra_options: str = ""):
     args = [fake_ptr(bf) for _ in range(7)] + [i32(1), i32(0)] + [i64(1)] * 5
     return cute.compile(attn_res_launch, *args, cuda.CUstream(0), key.hidden, key.num_blocks,
                         key.has_delta, key.write_block, key.out_norm, key.eps, key.out_eps,
-                        options=f"--gpu-arch {key.arch} {extra_options}".strip())
+                        key.prefetch, options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
 def attn_res_norm(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
                   norm_w: torch.Tensor, proj_w: torch.Tensor, out_norm_w: torch.Tensor | None,
                   num_blocks: int, block_write_idx: int = -1, eps: float = 1e-6,
-                  out_eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Run the fused AttnRes + RMSNorm kernel (see the module docstring); returns `out`."""
+                  out_eps: float = 1e-6, out: torch.Tensor | None = None,
+                  prefetch: bool = False) -> torch.Tensor:
+    """Run the fused AttnRes + RMSNorm kernel (see the module docstring); returns `out`.
+    `prefetch=True`: the saved block rows are bulk-prefetched into L2 at the kernel's start
+    (`kernel.attn_res_kernel`; same result)."""
     if out is None:
         need(isinstance(prefix, torch.Tensor), AttnResInputError, OP, "prefix must be a tensor")
         out = torch.empty(prefix.shape, dtype=BF, device=prefix.device)
     t, h = check_inputs(prefix, delta, blocks, norm_w, proj_w, out_norm_w, num_blocks,
                         block_write_idx, out)
     key = AttnResKey(h, num_blocks, delta is not None, block_write_idx >= 0,
-                     out_norm_w is not None, float(eps), float(out_eps), target_arch())
+                     out_norm_w is not None, float(eps), float(out_eps), target_arch(),
+                     bool(prefetch) and num_blocks > 0)
     fn = compile_attn_res(key)
     import cutlass
 

@@ -56,6 +56,15 @@ def st_cluster_f32(smem_ptr: cute.Pointer, rank, value, *, loc=None, ip=None) ->
     llvm.store(F32(value).ir_value(loc=loc, ip=ip), remote, loc=loc, ip=ip)
 
 
+@dsl_user_op
+def prefetch_l2(base: cute.Pointer, nbytes: int, *, loc=None, ip=None) -> None:
+    """`cp.async.bulk.prefetch.L2.global [base], nbytes`: ask for `nbytes` (a multiple of 16,
+    `base` 16-byte aligned) of global memory to be brought into L2, with no register, no
+    completion to wait for and no consumer for ptxas to sink it next to (sm_90 and sm_100)."""
+    nvvm.cp_async_bulk_prefetch(base.to_llvm_ptr(loc=loc, ip=ip),
+                                I32(nbytes).ir_value(loc=loc, ip=ip), loc=loc, ip=ip)
+
+
 def vec(base: cute.Pointer, dtype, n: int, align: int) -> cute.Tensor:
     """An n-element contiguous gmem tensor at `base`, with the alignment the host checked."""
     p = cute.make_ptr(dtype, base.toint(), cute.AddressSpace.gmem, assumed_align=align)

@@ -51,6 +51,7 @@ class GemvKey:
     variant: str = "simt"  # "simt" (kernel.py) or "mma" (kernel_mma.py)
     splits: int = 1  # mma: warps per CTA splitting K (kernel_mma.py)
     pdl: bool = False  # SIMT: programmatic dependent launch (K3_DECODE_PDL)
+    prefetch: bool = False  # SIMT: bulk L2 prefetch of each row first (K3_DECODE_GEMV_PREFETCH)
 
 
 def pick_token_tile(n_tok: int, variant: str = "simt") -> int:
@@ -146,14 +147,14 @@ def compile_gemv(key: GemvKey, extra_options: str = ""):
         from backend.k3_decode.ops.gemv.kernel_mma import gemv_mma_launch as launch
     else:
         from backend.k3_decode.ops.gemv.kernel import gemv_launch as launch
-    extra = (key.splits,) if key.variant == "mma" else (key.pdl,)
+    extra = (key.splits,) if key.variant == "mma" else (key.pdl, key.prefetch)
     return cute.compile(launch, *_compile_args(key.out_f32), key.k, key.tt, *extra,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
-         variant: str = "auto", splits: int | None = None, pdl: bool | None = None
-         ) -> torch.Tensor:
+         variant: str = "auto", splits: int | None = None, pdl: bool | None = None,
+         prefetch: bool = False) -> torch.Tensor:
     """`out = x @ w.T` (fp32 accumulation); returns `out` (bf16 unless an fp32 `out` is given).
 
     `variant`: "auto" (`pick_variant`: SIMT for 1-2 rows and for 3-4 rows of few long weight
@@ -161,7 +162,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
     per CTA splitting K, 1/2/4/8; None = `pick_splits`. `pdl`: launch the SIMT kernel as a
     programmatic dependent launch (its first weight loads go out while the previous kernel on
     the stream runs; x is read after that kernel has finished); None = `K3_DECODE_PDL`. The
-    tensor-core kernel never is (measured slower, backend/NOTES.md session 5).
+    tensor-core kernel never is (measured slower, backend/NOTES.md session 5). `prefetch`
+    (SIMT kernel only; ignored by the tensor-core one): each warp first bulk-prefetches its
+    weight row into L2 (`kernel.row_dot`).
     """
     need(variant in VARIANTS, GemvInputError, OP, f"unknown variant {variant!r} ({VARIANTS})")
     need(splits is None or splits in SPLITS, GemvInputError, OP,
@@ -179,7 +182,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
         sp = pick_splits(tt, k) if splits is None else splits
     if pdl is None:
         pdl = envs.K3_DECODE_PDL
-    key = GemvKey(k, tt, out_f32, target_arch(), var, sp, bool(pdl) and var == "simt")
+    key = GemvKey(k, tt, out_f32, target_arch(), var, sp, bool(pdl) and var == "simt",
+                  bool(prefetch) and var == "simt")
     fn = compile_gemv(key)
     import cutlass
 

@@ -54,6 +54,8 @@ class RouterKey:
     scaling: float
     arch: str
     front_rows: int = 0
+    rolled: bool = False
+    prefetch: bool = False
 
 
 def check_inputs(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int,
@@ -104,7 +106,7 @@ def compile_router(key: RouterKey, extra_options: str = ""):
             fake_ptr(f32, 4), fake_ptr(i32, 4), fake_ptr(bf), fake_ptr(bf, 4), i32(1),
             cutlass.Int64(1), cutlass.Int64(1), cuda.CUstream(0)]
     return cute.compile(router_launch, *args, key.k, key.experts, key.top_k, key.tt,
-                        key.renormalize, key.scaling, key.front_rows,
+                        key.renormalize, key.scaling, key.front_rows, key.rolled, key.prefetch,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
@@ -112,9 +114,12 @@ def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int 
           scaling: float = 1.0, renormalize: bool = True, *,
           out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
           counter: torch.Tensor | None = None, front: torch.Tensor | None = None,
-          front_out: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+          front_out: torch.Tensor | None = None,
+          rolled: bool = False, prefetch: bool = False) -> tuple[torch.Tensor, ...]:
     """Run the router kernel; returns `(weights, ids, scores)`, plus `front_out` when `front`
-    is given (see the module docstring)."""
+    is given (see the module docstring). `rolled=True` compiles the top-k rounds as a loop
+    (same result, less code; `router.kernel._select_token`); `prefetch=True` bulk-prefetches
+    each warp's weight row into L2 first (`gemv.kernel.row_dot`)."""
     t, e, k = check_inputs(x, gate_w, bias, top_k, front, front_out)
     dev = x.device
     err = RouterInputError
@@ -134,7 +139,7 @@ def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int 
     check_device(err, OP, weights, ids, scores, counter)
     rows = 0 if front is None else front.shape[0]
     key = RouterKey(k, e, top_k, pick_token_tile(t), bool(renormalize), float(scaling),
-                    target_arch(), rows)
+                    target_arch(), rows, bool(rolled), bool(prefetch))
     fn = compile_router(key)
     import cutlass
 

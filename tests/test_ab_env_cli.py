@@ -1,0 +1,135 @@
+"""benchmarks/ab_env.py's command line on the CPU: a wrong knob or list is a usage error (exit 2,
+one line naming the known knobs, no traceback), and without a GPU it says so instead of failing
+inside CUDA. Its measurements need the H200 (backend/NOTES.md)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "benchmarks/ab_env.py", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, check=False,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin",
+                               "CUDA_VISIBLE_DEVICES": ""})
+
+
+def test_unknown_knob_is_a_usage_error() -> None:
+    res = _run("K3_DECODE_NO_SUCH", "0", "1")
+    assert res.returncode == 2
+    assert "K3_DECODE_NO_SUCH is not a knob" in res.stderr
+    assert "K3_DECODE_ROUTER_ROLLED" in res.stderr  # the known knobs are listed
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize(("flag", "value", "says"), [
+    ("--batches", "1,x", "comma-separated integers"),
+    ("--layers", "7", "--layers must lie in 0..4"),
+    ("--rounds", "0", "--rounds must be >= 1"),
+])
+def test_bad_lists_are_usage_errors(flag: str, value: str, says: str) -> None:
+    res = _run("K3_DECODE_ROUTER_ROLLED", "0", "1", flag, value)
+    assert res.returncode == 2 and says in res.stderr and "Traceback" not in res.stderr
+
+
+def test_without_a_gpu_it_says_so() -> None:
+    res = _run("K3_DECODE_ROUTER_ROLLED", "0", "1")
+    assert res.returncode == 2
+    assert "needs a CUDA GPU" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("K3_DECODE_ROUTER_ROLLED,K3_DECODE_GEMV_PREFETCH", "0,0", "1"), "2 knob(s) but the values "
+     "'1' give 1"),
+    (("K3_DECODE_ROUTER_ROLLED", "1", "1"), "sides A and B are the same"),
+    (("K3_DECODE_ROUTER_ROLLED,K3_DECODE_BOGUS", "0,0", "1,1"), "K3_DECODE_BOGUS is not a knob"),
+])
+def test_several_knobs_must_pair_with_values(args: tuple[str, ...], says: str) -> None:
+    res = _run(*args)
+    assert res.returncode == 2 and says in res.stderr and "Traceback" not in res.stderr
+
+
+def _module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ab_env", ROOT / "benchmarks" / "ab_env.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_env_set_restores_every_knob(monkeypatch) -> None:
+    """The A/B sides set their knobs only while they are built: afterwards each variable is
+    back to its previous value, or unset again."""
+    mod = _module()
+    monkeypatch.setenv("K3_DECODE_ROUTER_ROLLED", "0")
+    monkeypatch.delenv("K3_DECODE_GEMV_PREFETCH", raising=False)
+
+    with mod.env_set(["K3_DECODE_ROUTER_ROLLED", "K3_DECODE_GEMV_PREFETCH"], ["1", "1"]):
+        assert os.environ["K3_DECODE_ROUTER_ROLLED"] == "1"
+        assert os.environ["K3_DECODE_GEMV_PREFETCH"] == "1"
+    assert os.environ["K3_DECODE_ROUTER_ROLLED"] == "0"
+    assert "K3_DECODE_GEMV_PREFETCH" not in os.environ
+
+
+def test_comparison_plumbing_on_the_cpu(monkeypatch, capsys) -> None:
+    """The comparison's bookkeeping, on the CPU with stand-ins where CUDA is needed (said so
+    here): the stock-equivalent torch ops instead of the kernels, a fixed time per graph replay
+    and one named kernel per layer instead of the profiler. Each side is built while its knob
+    is set (recorded by the stand-in), rounds alternate the sides, equal logits are reported
+    equal, and the table names both sides."""
+    from types import SimpleNamespace
+
+    from backend.k3_decode.config import tiny_config
+    from backend.k3_decode.executor.torch_ops import TorchOps
+    from backend.k3_decode.executor.weights import random_model
+
+    mod = _module()
+    seen, order = [], []
+
+    def fake_ops(cfg, max_context=None):
+        seen.append(os.environ.get("K3_DECODE_ROUTER_ROLLED"))
+        return TorchOps(cfg)
+
+    class FakeExecutor(mod.Executor):
+        def capture(self, inp, warmup=1):
+            return SimpleNamespace(graph=("step", id(self)))
+
+    def fake_graph_us(g):
+        order.append(g[1])
+        return 10.0 if g[0] == "step" else 2.0
+
+    monkeypatch.setattr(mod, "DEVICE", "cpu")
+    monkeypatch.setattr(mod, "KernelOps", fake_ops)
+    monkeypatch.setattr(mod, "Executor", FakeExecutor)
+    monkeypatch.setattr(mod.M, "layer_kernel_times", lambda ex, pos, inp: [(f"k{pos}", 1.5)])
+    monkeypatch.setattr(mod.M, "layer_graph", lambda ex, pos, inp: (pos, id(ex)))
+    monkeypatch.setattr(mod.M, "graph_us", fake_graph_us)
+    monkeypatch.delenv("K3_DECODE_ROUTER_ROLLED", raising=False)
+    cfg = tiny_config()
+    w = random_model(cfg, 4, seed=1)
+    keep: list = []
+    row = mod.compare_batch("K3_DECODE_ROUTER_ROLLED", "0", "1", cfg, w, 2, 64, [1, 3], 3, keep)
+    assert seen == ["0", "1"] and "K3_DECODE_ROUTER_ROLLED" not in os.environ
+    assert len(keep) == 2  # both sides stay alive for the caller
+    ids = [id(side["executor"]) for side in keep]
+    per_round = 3  # two layers and the step per side
+    assert order[:per_round] == [ids[0]] * per_round  # round 0: A first
+    assert order[2 * per_round:3 * per_round] == [ids[1]] * per_round  # round 1: B first
+    assert row["logits_bit_equal"] and row["top1_equal"] and row["logits_max_abs_diff"] == 0
+    assert row["layers"]["MLA + MoE"]["1"]["graph_us"] == 2.0
+    assert row["layers"]["KDA + MoE"]["0"]["kernels"] == ["k1"]
+    assert row["step"]["0"]["graph_us_rounds"] == [10.0] * 3
+    mod.print_table({"var": "K3_DECODE_ROUTER_ROLLED", "a": "0", "b": "1", "rounds": 3,
+                     "rows": [row]})
+    text = capsys.readouterr().out
+    assert "| 2 | MLA + MoE | 2.0 | 2.0 | +0.0% | 1.5 | 1.5 |" in text
+    assert "| 2 | whole step | 10.0 | 10.0 |" in text
