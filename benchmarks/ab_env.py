@@ -1,21 +1,26 @@
-"""A/B of one executor knob (an environment variable of `backend.k3_decode.envs`) on the H200:
-per-layer and whole-step CUDA-graph time, interleaved rounds, both sides alive throughout.
+"""A/B of executor knobs (environment variables of `backend.k3_decode.envs`) on the H200:
+per-layer and whole-step CUDA-graph time over interleaved rounds, every side alive throughout.
 
     python3 benchmarks/ab_env.py K3_DECODE_ROUTER_ROLLED 0 1 --batches 1,2 --rounds 6 \
         --json $OUT/ab_router_rolled.json
     python3 benchmarks/ab_env.py K3_DECODE_ROUTER_ROLLED,K3_DECODE_GEMV_PREFETCH 0,0 1,1
+    python3 benchmarks/ab_env.py --each K3_DECODE_ROUTER_ROLLED=1 K3_DECODE_NEXT_PREFETCH_MB=12 \
+        --all --batches 1
 
-Several knobs at once: comma-separated names and as many comma-separated values per side.
+Two sides (`VAR A B`; several knobs: comma-separated names and as many values per side), or
+`--each NAME=VALUE ...`: a reference side with every named knob at "0", one side per knob at
+its value, and with `--all` one side with all of them; all in one process, so the model's
+weights are made and the kernels compiled once.
 
-For each batch, each side gets its own `KernelOps` (knobs are read when an executor's ops are
-made, some again per call, so the variable stays set while that side compiles, runs eagerly and
-is captured) and its own copy of the same seeded caches. Measured per side: the logits of one
-eager step (compared across sides: bit-equal or the largest difference), each layer's eager
+Each side gets its own `KernelOps` (knobs are read when an executor's ops are made, some again
+per call, so the variables stay set while that side compiles, runs eagerly and is captured) and
+its own copy of the same seeded caches. Measured per side: the logits of one eager step
+(compared with the reference side: bit-equal or the largest difference), each layer's eager
 kernels (torch profiler; the layer runs right after the previous ones, so caches are as cold as
-in a step), and CUDA-graph replays of each layer and of the whole step. The replays alternate
-sides round by round (A B, B A, ...) and report medians over rounds, so drift (clocks, heat)
-falls on both. Both sides' executors, graphs and compiled kernels are kept until the end: a
-captured graph must never outlive the modules it launches.
+in a step), and CUDA-graph replays of each layer and of the whole step. The replays rotate the
+sides' order round by round and report medians over rounds, so drift (clocks, heat) falls on
+all. Every side's executor, graphs and compiled kernels are kept until the end: a captured
+graph must never outlive the modules it launches.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -43,11 +49,19 @@ LAYER_NAMES = {0: "dense0", 1: "KDA + MoE", 3: "MLA + MoE"}
 DEVICE = "cuda"
 
 
+@dataclass(frozen=True)
+class Side:
+    """One configuration: a label and the knob values set while it is built."""
+
+    label: str
+    env: dict[str, str]
+
+
 @contextlib.contextmanager
-def env_set(names: list[str], values: list[str]) -> Iterator[None]:
-    """``names[i]=values[i]`` inside the block, the previous values (or none) after it."""
-    old = {n: os.environ.get(n) for n in names}
-    os.environ.update(zip(names, values, strict=True))
+def env_set(values: dict[str, str]) -> Iterator[None]:
+    """The variables of ``values`` set inside the block, their previous values (or none) after."""
+    old = {n: os.environ.get(n) for n in values}
+    os.environ.update(values)
     try:
         yield
     finally:
@@ -58,82 +72,138 @@ def env_set(names: list[str], values: list[str]) -> Iterator[None]:
                 os.environ[n] = v
 
 
-def build_side(names: list[str], value: str, cfg, w, base_caches, inp, ctx: int,
-               layers: list[int]) -> dict:
-    """One side (``value``: its comma-separated values of ``names``): executor, eager logits,
-    eager kernel times per layer, layer and step graphs."""
-    with env_set(names, value.split(",")):
+def build_side(side: Side, cfg, w, base_caches, inp, ctx: int, layers: list[int]) -> dict:
+    """One side: executor, eager logits, eager kernel times per layer, layer and step graphs."""
+    with env_set(side.env):
         ex = Executor(KernelOps(cfg, max_context=ctx), w, base_caches.clone(),
                       max_tokens=inp.num_tokens, device=DEVICE)
         logits = ex.step(inp).float().clone()
         kernels = {pos: M.layer_kernel_times(ex, pos, inp) for pos in layers}
         graphs = {pos: M.layer_graph(ex, pos, inp) for pos in layers}
         step = ex.capture(inp)
-    return {"value": value, "executor": ex, "logits": logits, "kernels": kernels,
+    return {"side": side, "executor": ex, "logits": logits, "kernels": kernels,
             "graphs": graphs, "step": step, "layer_us": {p: [] for p in layers}, "step_us": []}
 
 
-def compare_batch(var: str, a: str, b: str, cfg, w, reqs: int, ctx: int, layers: list[int],
+def compare_batch(sides: list[Side], cfg, w, reqs: int, ctx: int, layers: list[int],
                   rounds: int, keep: list) -> dict:
-    """Both sides at one batch size; returns the row (medians) and keeps the sides alive."""
+    """Every side at one batch size (``sides[0]`` is the reference); returns the row (medians)
+    and appends the built sides to ``keep`` so that they stay alive."""
     inp = synthetic_step(reqs, 1, ctx, vocab=w.lm_head.shape[0], seed=reqs, device=DEVICE)
     caches = make_caches(cfg, [(layer.index, layer.kind) for layer in w.layers], slots=1 + reqs,
                          num_blocks=blocks_needed(reqs, ctx), seed=reqs, device=DEVICE)
-    sides = [build_side(var.split(","), v, cfg, w, caches, inp, ctx, layers) for v in (a, b)]
-    keep.extend(sides)
+    built = [build_side(s, cfg, w, caches, inp, ctx, layers) for s in sides]
+    keep.extend(built)
+    n = len(built)
     for r in range(rounds):
-        for side in (sides if r % 2 == 0 else sides[::-1]):
-            for pos, g in side["graphs"].items():
-                side["layer_us"][pos].append(M.graph_us(g))
-            side["step_us"].append(M.graph_us(side["step"].graph))
-    la, lb = sides[0]["logits"], sides[1]["logits"]
-    row = {"batch": reqs, "context": ctx, "logits_bit_equal": bool(torch.equal(la, lb)),
-           "logits_max_abs_diff": float((la - lb).abs().max()),
-           "top1_equal": bool(torch.equal(la.argmax(-1), lb.argmax(-1))), "layers": {},
-           "step": {}}
-    for pos in layers:
-        ent = {}
-        for s in sides:
-            ks = s["kernels"][pos]
-            ent[s["value"]] = {"graph_us": statistics.median(s["layer_us"][pos]),
-                               "graph_us_rounds": s["layer_us"][pos],
-                               "kernels": [name for name, _ in ks],
-                               "kernel_us": [us for _, us in ks],
-                               "kernel_sum_us": sum(us for _, us in ks)}
-        row["layers"][LAYER_NAMES.get(pos, str(pos))] = ent
-    row["step"] = {s["value"]: {"graph_us": statistics.median(s["step_us"]),
-                                "graph_us_rounds": s["step_us"]} for s in sides}
+        for k in range(n):
+            b = built[(r + k) % n]  # each round starts one side later
+            for pos, g in b["graphs"].items():
+                b["layer_us"][pos].append(M.graph_us(g))
+            b["step_us"].append(M.graph_us(b["step"].graph))
+    ref = built[0]["logits"]
+    row = {"batch": reqs, "context": ctx, "sides": {}}
+    for b in built:
+        lg = b["logits"]
+        ent = {"env": b["side"].env, "logits_bit_equal": bool(torch.equal(lg, ref)),
+               "logits_max_abs_diff": float((lg - ref).abs().max()),
+               "top1_equal": bool(torch.equal(lg.argmax(-1), ref.argmax(-1))), "layers": {},
+               "step": {"graph_us": statistics.median(b["step_us"]),
+                        "graph_us_rounds": b["step_us"]}}
+        for pos in layers:
+            ks = b["kernels"][pos]
+            ent["layers"][LAYER_NAMES.get(pos, str(pos))] = {
+                "graph_us": statistics.median(b["layer_us"][pos]),
+                "graph_us_rounds": b["layer_us"][pos], "kernels": [k for k, _ in ks],
+                "kernel_us": [us for _, us in ks], "kernel_sum_us": sum(us for _, us in ks)}
+        row["sides"][b["side"].label] = ent
     return row
 
 
 def print_table(out: dict) -> None:
-    """Markdown: per layer and step, side A vs side B medians and the change."""
-    var, a, b = out["var"], out["a"], out["b"]
-    print(f"{var}: A={a!r} vs B={b!r}; graph medians over {out['rounds']} interleaved rounds "
-          f"(us); kernel sum = eager layer step, torch profiler")
-    print("| batch | what | A graph | B graph | B vs A | A kernel sum | B kernel sum |")
-    print("|---|---|---|---|---|---|---|")
+    """Markdown per batch: each layer and the step, every side against the reference."""
+    labels = [s["label"] for s in out["sides"]]
+    ref = labels[0]
+    print("sides: " + "; ".join(f"{s['label']} = {s['env']}" for s in out["sides"]))
+    print(f"graph medians over {out['rounds']} rotated rounds, us (change vs {ref}: negative = "
+          "faster); [kernel sum: eager layer step, torch profiler]")
     for row in out["rows"]:
-        for name, ent in row["layers"].items():
-            ga, gb = ent[a]["graph_us"], ent[b]["graph_us"]
-            print(f"| {row['batch']} | {name} | {ga:.1f} | {gb:.1f} | {(ga / gb - 1):+.1%} | "
-                  f"{ent[a]['kernel_sum_us']:.1f} | {ent[b]['kernel_sum_us']:.1f} |")
-        sa, sb = row["step"][a]["graph_us"], row["step"][b]["graph_us"]
-        print(f"| {row['batch']} | whole step | {sa:.1f} | {sb:.1f} | {(sa / sb - 1):+.1%} | - "
-              f"| - |")
-    print("| batch | logits bit-equal | max abs diff | top-1 equal |")
-    print("|---|---|---|---|")
-    for row in out["rows"]:
-        print(f"| {row['batch']} | {row['logits_bit_equal']} | {row['logits_max_abs_diff']:.3g} "
-              f"| {row['top1_equal']} |")
+        print(f"\nbatch {row['batch']}, context {row['context']}")
+        print("| what | " + " | ".join(labels) + " |")
+        print("|---|" + "---|" * len(labels))
+        sides = row["sides"]
+        for name in sides[ref]["layers"]:
+            base = sides[ref]["layers"][name]
+            cells = []
+            for lab in labels:
+                e = sides[lab]["layers"][name]
+                change = "" if lab == ref else f" ({e['graph_us'] / base['graph_us'] - 1:+.1%})"
+                cells.append(f"{e['graph_us']:.1f}{change} [{e['kernel_sum_us']:.1f}]")
+            print(f"| {name} | " + " | ".join(cells) + " |")
+        base = sides[ref]["step"]["graph_us"]
+        cells = [f"{sides[lab]['step']['graph_us']:.1f}" + (
+            "" if lab == ref else f" ({sides[lab]['step']['graph_us'] / base - 1:+.1%})")
+            for lab in labels]
+        print("| whole step | " + " | ".join(cells) + " |")
+        cells = ["bit-equal" if sides[lab]["logits_bit_equal"] else
+                 f"max diff {sides[lab]['logits_max_abs_diff']:.3g}, top-1 "
+                 f"{'equal' if sides[lab]['top1_equal'] else 'DIFFERS'}" for lab in labels]
+        print("| logits vs reference | " + " | ".join(cells) + " |")
+
+
+def _sides_from_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[Side]:
+    known = ", ".join(sorted(envs.ENVIRONMENT))
+
+    def check_name(name: str) -> None:
+        if name not in envs.ENVIRONMENT:
+            ap.error(f"{name} is not a knob of backend.k3_decode.envs (known: {known})")
+
+    if args.each:
+        if args.pair:
+            ap.error("give either VAR A B or --each, not both")
+        pairs = []
+        for item in args.each:
+            name, sep, value = item.partition("=")
+            if not sep or not value:
+                ap.error(f"--each takes NAME=VALUE, got {item!r}")
+            check_name(name)
+            if value == "0":
+                ap.error(f"{item}: 0 is the reference value of every --each knob")
+            pairs.append((name, value))
+        if len({n for n, _ in pairs}) != len(pairs):
+            ap.error("--each names a knob twice")
+        zeros = {n: "0" for n, _ in pairs}
+        sides = [Side("ref", zeros)]
+        sides += [Side(n, {**zeros, n: v}) for n, v in pairs]
+        if args.all and len(pairs) > 1:
+            sides.append(Side("all", dict(pairs)))
+        return sides
+    if args.all:
+        ap.error("--all goes with --each")
+    if len(args.pair) != 3:
+        ap.error("give VAR A B (or --each NAME=VALUE ...)")
+    var, a, b = args.pair
+    names = var.split(",")
+    for name in names:
+        check_name(name)
+    for side in (a, b):
+        if len(side.split(",")) != len(names):
+            ap.error(f"{len(names)} knob(s) but the values {side!r} give "
+                     f"{len(side.split(','))}")
+    if a == b:
+        ap.error("sides A and B are the same")
+    return [Side("A", dict(zip(names, a.split(","), strict=True))),
+            Side("B", dict(zip(names, b.split(","), strict=True)))]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("var", help=f"knob(s), comma-separated, of: "
-                    f"{', '.join(sorted(envs.ENVIRONMENT))}")
-    ap.add_argument("a", help="value(s) of side A (the reference), comma-separated")
-    ap.add_argument("b", help="value(s) of side B")
+    ap.add_argument("pair", nargs="*", metavar="VAR A B",
+                    help="knob(s), comma-separated, then the value(s) of side A (the "
+                    f"reference) and of side B; knobs: {', '.join(sorted(envs.ENVIRONMENT))}")
+    ap.add_argument("--each", nargs="+", metavar="NAME=VALUE", default=None,
+                    help="one side per knob at VALUE against a reference with all at 0")
+    ap.add_argument("--all", action="store_true", help="with --each: one side with all knobs")
     ap.add_argument("--batches", default="1,2")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--layers", default="1,3", help="layer positions (0 dense0, 1 KDA + MoE, "
@@ -144,17 +214,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--experts", type=int, default=896)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    names = args.var.split(",")
-    for name in names:
-        if name not in envs.ENVIRONMENT:
-            ap.error(f"{name} is not a knob of backend.k3_decode.envs "
-                     f"(known: {', '.join(sorted(envs.ENVIRONMENT))})")
-    for side in (args.a, args.b):
-        if len(side.split(",")) != len(names):
-            ap.error(f"{len(names)} knob(s) but the values {side!r} give "
-                     f"{len(side.split(','))}")
-    if args.a == args.b:
-        ap.error("sides A and B are the same")
+    args.sides = _sides_from_args(ap, args)
     try:
         args.batch_list = [int(x) for x in args.batches.split(",")]
         args.layer_list = [int(x) for x in args.layers.split(",")]
@@ -175,21 +235,24 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     cfg = k3_config(args.tp)
     w = random_model(cfg, args.depth, device="cuda", num_experts=args.experts)
-    out = {"var": args.var, "a": args.a, "b": args.b, "rounds": args.rounds, "tp": args.tp,
-           "depth": args.depth, "experts": args.experts, "rows": []}
+    out = {"sides": [{"label": s.label, "env": s.env} for s in args.sides],
+           "rounds": args.rounds, "tp": args.tp, "depth": args.depth, "experts": args.experts,
+           "rows": []}
     keep: list = []
-    for reqs in args.batch_list:
-        out["rows"].append(compare_batch(args.var, args.a, args.b, cfg, w, reqs, args.context,
-                                         args.layer_list, args.rounds, keep))
-        print(f"ab_env: batch {reqs} done ({time.time() - t0:.0f} s)", file=sys.stderr,
-              flush=True)
+
+    def dump() -> None:
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump(out, fh, indent=1)
+
+    for reqs in args.batch_list:
+        out["rows"].append(compare_batch(args.sides, cfg, w, reqs, args.context,
+                                         args.layer_list, args.rounds, keep))
+        print(f"ab_env: batch {reqs} done ({time.time() - t0:.0f} s)", file=sys.stderr,
+              flush=True)
+        dump()
     out["wall_s"] = time.time() - t0
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=1)
+    dump()
     print_table(out)
     return 0
 

@@ -47,8 +47,8 @@ def test_without_a_gpu_it_says_so() -> None:
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    (("K3_DECODE_ROUTER_ROLLED,K3_DECODE_GEMV_PREFETCH", "0,0", "1"), "2 knob(s) but the values "
-     "'1' give 1"),
+    (("K3_DECODE_ROUTER_ROLLED,K3_DECODE_GEMV_PREFETCH", "0,0", "1"),
+     "2 knob(s) but the values '1' give 1"),
     (("K3_DECODE_ROUTER_ROLLED", "1", "1"), "sides A and B are the same"),
     (("K3_DECODE_ROUTER_ROLLED,K3_DECODE_BOGUS", "0,0", "1,1"), "K3_DECODE_BOGUS is not a knob"),
 ])
@@ -62,6 +62,7 @@ def _module():
 
     spec = importlib.util.spec_from_file_location("ab_env", ROOT / "benchmarks" / "ab_env.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules["ab_env"] = mod  # its dataclass looks its module up by name
     spec.loader.exec_module(mod)
     return mod
 
@@ -72,20 +73,49 @@ def test_env_set_restores_every_knob(monkeypatch) -> None:
     mod = _module()
     monkeypatch.setenv("K3_DECODE_ROUTER_ROLLED", "0")
     monkeypatch.delenv("K3_DECODE_GEMV_PREFETCH", raising=False)
-
-    with mod.env_set(["K3_DECODE_ROUTER_ROLLED", "K3_DECODE_GEMV_PREFETCH"], ["1", "1"]):
+    with mod.env_set({"K3_DECODE_ROUTER_ROLLED": "1", "K3_DECODE_GEMV_PREFETCH": "1"}):
         assert os.environ["K3_DECODE_ROUTER_ROLLED"] == "1"
         assert os.environ["K3_DECODE_GEMV_PREFETCH"] == "1"
     assert os.environ["K3_DECODE_ROUTER_ROLLED"] == "0"
     assert "K3_DECODE_GEMV_PREFETCH" not in os.environ
 
 
+def test_each_builds_a_reference_one_side_per_knob_and_all() -> None:
+    mod = _module()
+    args = mod.parse_args(["--each", "K3_DECODE_ROUTER_ROLLED=1", "K3_DECODE_NEXT_PREFETCH_MB=12",
+                           "--all"])
+    zeros = {"K3_DECODE_ROUTER_ROLLED": "0", "K3_DECODE_NEXT_PREFETCH_MB": "0"}
+    assert args.sides == [
+        mod.Side("ref", zeros),
+        mod.Side("K3_DECODE_ROUTER_ROLLED", {**zeros, "K3_DECODE_ROUTER_ROLLED": "1"}),
+        mod.Side("K3_DECODE_NEXT_PREFETCH_MB", {**zeros, "K3_DECODE_NEXT_PREFETCH_MB": "12"}),
+        mod.Side("all", {"K3_DECODE_ROUTER_ROLLED": "1", "K3_DECODE_NEXT_PREFETCH_MB": "12"})]
+    two = mod.parse_args(["K3_DECODE_ROUTER_ROLLED,K3_DECODE_GEMV_PREFETCH", "0,0", "1,1"])
+    assert [s.env for s in two.sides] == [
+        {"K3_DECODE_ROUTER_ROLLED": "0", "K3_DECODE_GEMV_PREFETCH": "0"},
+        {"K3_DECODE_ROUTER_ROLLED": "1", "K3_DECODE_GEMV_PREFETCH": "1"}]
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("--each", "K3_DECODE_ROUTER_ROLLED"), "--each takes NAME=VALUE"),
+    (("--each", "K3_DECODE_ROUTER_ROLLED=0"), "0 is the reference value"),
+    (("--each", "K3_DECODE_ROUTER_ROLLED=1", "K3_DECODE_ROUTER_ROLLED=1"), "names a knob twice"),
+    (("K3_DECODE_ROUTER_ROLLED", "0", "1", "--each", "K3_DECODE_GEMV_PREFETCH=1"),
+     "either VAR A B or --each"),
+    (("K3_DECODE_ROUTER_ROLLED", "0", "1", "--all"), "--all goes with --each"),
+    (("K3_DECODE_ROUTER_ROLLED", "0"), "give VAR A B"),
+])
+def test_each_mode_usage_errors(args: tuple[str, ...], says: str) -> None:
+    res = _run(*args)
+    assert res.returncode == 2 and says in res.stderr and "Traceback" not in res.stderr
+
+
 def test_comparison_plumbing_on_the_cpu(monkeypatch, capsys) -> None:
     """The comparison's bookkeeping, on the CPU with stand-ins where CUDA is needed (said so
     here): the stock-equivalent torch ops instead of the kernels, a fixed time per graph replay
-    and one named kernel per layer instead of the profiler. Each side is built while its knob
-    is set (recorded by the stand-in), rounds alternate the sides, equal logits are reported
-    equal, and the table names both sides."""
+    and one named kernel per layer instead of the profiler. Each side is built while its knobs
+    are set (recorded by the stand-in), each round starts one side later, equal logits are
+    reported equal, and the table lists every side against the reference."""
     from types import SimpleNamespace
 
     from backend.k3_decode.config import tiny_config
@@ -96,7 +126,8 @@ def test_comparison_plumbing_on_the_cpu(monkeypatch, capsys) -> None:
     seen, order = [], []
 
     def fake_ops(cfg, max_context=None):
-        seen.append(os.environ.get("K3_DECODE_ROUTER_ROLLED"))
+        seen.append((os.environ.get("K3_DECODE_ROUTER_ROLLED"),
+                     os.environ.get("K3_DECODE_NEXT_PREFETCH_MB")))
         return TorchOps(cfg)
 
     class FakeExecutor(mod.Executor):
@@ -114,22 +145,31 @@ def test_comparison_plumbing_on_the_cpu(monkeypatch, capsys) -> None:
     monkeypatch.setattr(mod.M, "layer_graph", lambda ex, pos, inp: (pos, id(ex)))
     monkeypatch.setattr(mod.M, "graph_us", fake_graph_us)
     monkeypatch.delenv("K3_DECODE_ROUTER_ROLLED", raising=False)
+    monkeypatch.delenv("K3_DECODE_NEXT_PREFETCH_MB", raising=False)
+    args = mod.parse_args(["--each", "K3_DECODE_ROUTER_ROLLED=1", "K3_DECODE_NEXT_PREFETCH_MB=12",
+                           "--all", "--rounds", "3"])
     cfg = tiny_config()
     w = random_model(cfg, 4, seed=1)
     keep: list = []
-    row = mod.compare_batch("K3_DECODE_ROUTER_ROLLED", "0", "1", cfg, w, 2, 64, [1, 3], 3, keep)
-    assert seen == ["0", "1"] and "K3_DECODE_ROUTER_ROLLED" not in os.environ
-    assert len(keep) == 2  # both sides stay alive for the caller
-    ids = [id(side["executor"]) for side in keep]
-    per_round = 3  # two layers and the step per side
-    assert order[:per_round] == [ids[0]] * per_round  # round 0: A first
-    assert order[2 * per_round:3 * per_round] == [ids[1]] * per_round  # round 1: B first
-    assert row["logits_bit_equal"] and row["top1_equal"] and row["logits_max_abs_diff"] == 0
-    assert row["layers"]["MLA + MoE"]["1"]["graph_us"] == 2.0
-    assert row["layers"]["KDA + MoE"]["0"]["kernels"] == ["k1"]
-    assert row["step"]["0"]["graph_us_rounds"] == [10.0] * 3
-    mod.print_table({"var": "K3_DECODE_ROUTER_ROLLED", "a": "0", "b": "1", "rounds": 3,
-                     "rows": [row]})
+    row = mod.compare_batch(args.sides, cfg, w, 2, 64, [1, 3], 3, keep)
+    assert seen == [("0", "0"), ("1", "0"), ("0", "12"), ("1", "12")]
+    assert "K3_DECODE_ROUTER_ROLLED" not in os.environ
+    assert len(keep) == 4  # every side stays alive for the caller
+    ids = [id(b["executor"]) for b in keep]
+    per_side = 3  # two layers and the step
+    firsts = [order[r * 4 * per_side] for r in range(3)]
+    assert firsts == [ids[0], ids[1], ids[2]]  # each round starts one side later
+    assert sorted(order) == sorted(ids * per_side * 3)
+    ref = row["sides"]["ref"]
+    assert ref["logits_bit_equal"] and ref["top1_equal"] and ref["logits_max_abs_diff"] == 0
+    assert row["sides"]["all"]["logits_bit_equal"]  # torch ops ignore the knobs
+    assert row["sides"]["K3_DECODE_ROUTER_ROLLED"]["layers"]["MLA + MoE"]["graph_us"] == 2.0
+    assert ref["layers"]["KDA + MoE"]["kernels"] == ["k1"]
+    assert row["sides"]["all"]["step"]["graph_us_rounds"] == [10.0] * 3
+    mod.print_table({"sides": [{"label": s.label, "env": s.env} for s in args.sides],
+                     "rounds": 3, "rows": [row]})
     text = capsys.readouterr().out
-    assert "| 2 | MLA + MoE | 2.0 | 2.0 | +0.0% | 1.5 | 1.5 |" in text
-    assert "| 2 | whole step | 10.0 | 10.0 |" in text
+    assert "| what | ref | K3_DECODE_ROUTER_ROLLED | K3_DECODE_NEXT_PREFETCH_MB | all |" in text
+    assert "| MLA + MoE | 2.0 [1.5] | 2.0 (+0.0%) [1.5] |" in text
+    assert "| whole step | 10.0 | 10.0 (+0.0%) |" in text
+    assert "| logits vs reference | bit-equal | bit-equal | bit-equal | bit-equal |" in text

@@ -48,6 +48,11 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # (their loads wait behind a CTA reduction each). Off until timed (NOTES.md session 10).
     "K3_DECODE_ATTNRES_PREFETCH": lambda: os.environ.get("K3_DECODE_ATTNRES_PREFETCH",
                                                          "0") == "1",
+    # MiB > 0: each AttnRes launch gets 32 extra CTAs that bulk-prefetch that many MiB of the
+    # next kernel's weight into L2 (the layer's first projection, the router's gate, the LM
+    # head) while the latency-bound AttnRes leaves DRAM idle. Off ("0") until timed on the
+    # H200 (NOTES.md session 10; session 5's side-stream prefetch kernels cost time).
+    "K3_DECODE_NEXT_PREFETCH_MB": lambda: _mib("K3_DECODE_NEXT_PREFETCH_MB"),
     # "1": the SIMT GEMVs (1-2 rows, and 3-4 rows of few long weight rows) are programmatic
     # dependent launches: their first weight loads go out while the previous kernel runs (each
     # kernel that can precede a GEMV signals `griddepcontrol.launch_dependents` at its start).
@@ -74,6 +79,18 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # to `mla_decode(fused=None)`, which reads the variable again at each call.
     "K3_DECODE_MLA_FUSED": lambda: os.environ.get("K3_DECODE_MLA_FUSED", "0"),
 }
+
+
+def _mib(var: str) -> float:
+    """A non-negative MiB count from ``var`` (unset: 0); anything else is a clear error."""
+    raw = os.environ.get(var, "0")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value > 48:
+        raise ValueError(f"{var}={raw!r}: give MiB between 0 and 48 (the H200's L2 is 60 MiB)")
+    return value
 
 
 def __getattr__(name: str) -> Any:

@@ -104,3 +104,32 @@ def test_attn_res_block_prefetch_changes_no_bit(t: int, num_blocks: int, has_del
                                REL_FRO[torch.bfloat16])
     assert ok, msg
     assert all(torch.equal(a, b) for a, b in zip(res[0], res[1])), "prefetch changed bits"
+
+
+@pytest.mark.parametrize("t,nbytes,ctas", [(1, 12 << 20, 32), (4, 1000, 3), (2, 1 << 30, 132)])
+def test_attn_res_upcoming_prefetch_changes_no_bit(t: int, nbytes: int, ctas: int) -> None:
+    """Extra CTAs that bulk-prefetch the next kernel's weight (`upcoming`; 12 MiB of a 90 MB
+    weight, a few bytes, or the whole weight over 132 CTAs) leave the output, the prefix and
+    the blocks bit-equal to the plain launch, and the weight untouched."""
+    from backend.k3_decode.ops.attn_res import attn_res_norm
+
+    inp = make_inputs(t, 9, seed=700 + t)
+    g = torch.Generator(device="cpu").manual_seed(9)
+    weight = (torch.randn(6288, H, generator=g) * 0.02).to(torch.bfloat16).cuda()
+    before = weight.clone()
+    res = []
+    for up in (None, weight):
+        prefix, blocks = inp["prefix"].clone(), inp["blocks"].clone()
+        out = poison_(torch.empty(t, H, dtype=torch.bfloat16, device="cuda"))
+        attn_res_norm(prefix, inp["delta"], blocks, inp["norm_w"], inp["proj_w"],
+                      inp["out_norm_w"], 3, 3, out=out, upcoming=up, upcoming_bytes=nbytes,
+                      prefetch_ctas=ctas)
+        res.append((out, prefix, blocks))
+    torch.cuda.synchronize()
+    same = all(torch.equal(a, b) for a, b in zip(res[0], res[1])) and torch.equal(weight, before)
+    ref = attn_res(inp["prefix"].clone(), inp["delta"], inp["blocks"].clone(), inp["norm_w"],
+                   inp["proj_w"], inp["out_norm_w"], 3, 3)
+    ok, msg = check_and_record(OP, f"t{t}/upcoming{nbytes}/ctas{ctas}/out", res[1][0], ref,
+                               2e-2, 2e-2, REL_FRO[torch.bfloat16])
+    assert ok, msg
+    assert same, "the upcoming prefetch changed bits"

@@ -439,3 +439,23 @@ def test_greedy_agreement_over_512_steps() -> None:
                     max_abs_err=r["kl_max"], max_rel_err=max(r["layer_rel_err_max"].values()),
                     atol=0.0, rtol=0.0, passed=ok)
     assert ok, res
+
+
+@pytest.mark.parametrize(("knob", "value", "reqs"), [
+    ("K3_DECODE_ROUTER_ROLLED", "1", 1), ("K3_DECODE_ROUTER_ROLLED", "1", 2),
+    ("K3_DECODE_GEMV_PREFETCH", "1", 1), ("K3_DECODE_MLA_SMALL_TPC", "1", 1),
+    ("K3_DECODE_MLA_SMALL_TPC", "1", 2), ("K3_DECODE_ATTNRES_PREFETCH", "1", 1),
+    ("K3_DECODE_NEXT_PREFETCH_MB", "12", 1)])
+def test_session10_variants_give_the_same_step(knob: str, value: str, reqs: int,
+                                               monkeypatch) -> None:
+    """Each opt-in variant of session 10 (rolled router rounds, GEMV row prefetch, 4-token MLA
+    absorb / combine CTAs, AttnRes block prefetch, next-weight prefetch CTAs) replays the whole
+    step to the same logits, bit for bit, as the default executor, with the same kernel count
+    per MLA + MoE layer: none changes an operation's arithmetic or its order."""
+    monkeypatch.delenv(knob, raising=False)
+    _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
+    monkeypatch.setenv(knob, value)
+    other = Executor(KernelOps(spec.weights.config, max_context=1024), spec.weights,
+                     spec.caches.clone(), max_tokens=reqs)
+    assert _same_replay(other, spec, inp, "executor_variant", f"{knob}={value}/r{reqs}-bitwise")
+    assert len(M.layer_kernels(other, 3, inp)) == len(M.layer_kernels(spec, 3, inp))

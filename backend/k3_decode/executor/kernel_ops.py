@@ -126,6 +126,7 @@ class KernelOps:
                                         prefetch=self._prefetch)
         self._attn_res = functools.partial(attn_res_norm,
                                            prefetch=envs.K3_DECODE_ATTNRES_PREFETCH)
+        self._next_prefetch_bytes = int(envs.K3_DECODE_NEXT_PREFETCH_MB * (1 << 20))
         self.skip_experts = False
         """Benchmark aid: skip the routed experts (the latent goes straight to the norm)."""
         self._counters: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
@@ -151,11 +152,14 @@ class KernelOps:
 
     def attn_res(self, prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
                  norm_w: torch.Tensor, proj_w: torch.Tensor, out_norm_w: torch.Tensor | None,
-                 num_blocks: int, write_idx: int, out: torch.Tensor) -> torch.Tensor:
-        """Fused AttnRes + RMSNorm kernel."""
+                 num_blocks: int, write_idx: int, out: torch.Tensor,
+                 upcoming: torch.Tensor | None = None) -> torch.Tensor:
+        """Fused AttnRes + RMSNorm kernel; with ``K3_DECODE_NEXT_PREFETCH_MB`` > 0 its extra
+        CTAs prefetch that many MiB of ``upcoming`` (the next kernel's weight) into L2."""
         eps = self.cfg.rms_eps
         return self._attn_res(prefix, delta, blocks, norm_w, proj_w, out_norm_w, num_blocks,
-                              write_idx, eps=eps, out_eps=eps, out=out)
+                              write_idx, eps=eps, out_eps=eps, out=out, upcoming=upcoming,
+                              upcoming_bytes=self._next_prefetch_bytes)
 
     def kda(self, w: KdaWeights, h: torch.Tensor, cache: KdaCache, inp: StepInputs,
             out: torch.Tensor) -> torch.Tensor:

@@ -41,7 +41,8 @@ class Ops(Protocol):
     def embed(self, table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> Any: ...
     def attn_res(self, prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
                  norm_w: torch.Tensor, proj_w: torch.Tensor, out_norm_w: torch.Tensor | None,
-                 num_blocks: int, write_idx: int, out: torch.Tensor) -> Any: ...
+                 num_blocks: int, write_idx: int, out: torch.Tensor,
+                 upcoming: torch.Tensor | None = None) -> Any: ...
     def kda(self, w: KdaWeights, h: torch.Tensor, cache: Any, inp: StepInputs,
             out: torch.Tensor) -> Any: ...
     def mla(self, w: MlaWeights, h: torch.Tensor, cache: Any, inp: StepInputs,
@@ -84,6 +85,19 @@ def _attention(ops: Ops, layer: LayerWeights, h: torch.Tensor, caches: DecodeCac
         ops.mla(layer.attn, h, caches.mla[layer.index], inp, out)
 
 
+def first_weight(w: KdaWeights | MlaWeights | DenseWeights | MoeWeights) -> torch.Tensor:
+    """The weight the sublayer's first kernel streams first (what an AttnRes before it may
+    prefetch): KDA's packed in_proj, MLA's q_a|kv_a|gate rows, the dense gate_up, the MoE
+    router's gate (the router CTAs of the router + front launch come first)."""
+    if isinstance(w, KdaWeights):
+        return w.in_proj
+    if isinstance(w, MlaWeights):
+        return w.qkv_a_g
+    if isinstance(w, DenseWeights):
+        return w.gate_up
+    return w.gate_w
+
+
 def layer_step(ops: Ops, layer: LayerWeights, caches: DecodeCaches, inp: StepInputs,
                ws: Workspace, t: int, first: bool, block: int) -> None:
     """One decoder layer on the first ``t`` rows of the workspace (delta: ``ws.ffn``)."""
@@ -93,11 +107,12 @@ def layer_step(ops: Ops, layer: LayerWeights, caches: DecodeCaches, inp: StepInp
     prefix, blocks = ws.prefix[:t], ws.blocks[:t]
     delta = None if first else ws.ffn[:t]
     ops.attn_res(prefix, delta, blocks, ar.attn_res_norm, ar.attn_res_proj, ar.input_norm,
-                 prev, i // block if write else -1, ws.h[:t])
+                 prev, i // block if write else -1, ws.h[:t], upcoming=first_weight(layer.attn))
     attn_out = prefix if write else ws.attn[:t]  # a block-write layer restarts the prefix
     _attention(ops, layer, ws.h[:t], caches, inp, attn_out)
     ops.attn_res(prefix, None if write else attn_out, blocks, ar.mlp_res_norm, ar.mlp_res_proj,
-                 ar.post_attn_norm, prev + int(write), -1, ws.h[:t])
+                 ar.post_attn_norm, prev + int(write), -1, ws.h[:t],
+                 upcoming=first_weight(layer.ffn))
     if isinstance(layer.ffn, DenseWeights):
         ops.dense(layer.ffn, ws.h[:t], ws.ffn[:t])
     else:
@@ -120,6 +135,7 @@ def decode_step(ops: Ops, weights: ModelWeights, caches: DecodeCaches, inp: Step
         if hook is not None:
             hook(layer.index, ws)
     ops.attn_res(ws.prefix[:t], ws.ffn[:t], ws.blocks[:t], weights.final_res_norm,
-                 weights.final_res_proj, weights.final_norm, weights.num_blocks, -1, ws.h[:t])
+                 weights.final_res_proj, weights.final_norm, weights.num_blocks, -1, ws.h[:t],
+                 upcoming=weights.lm_head)
     ops.logits(ws.h[:t], weights.lm_head, ws.logits[:t])
     return ws.logits[:t]

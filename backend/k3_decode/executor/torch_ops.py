@@ -106,8 +106,10 @@ class TorchOps:
 
     def attn_res(self, prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
                  norm_w: torch.Tensor, proj_w: torch.Tensor, out_norm_w: torch.Tensor | None,
-                 num_blocks: int, write_idx: int, out: torch.Tensor) -> torch.Tensor:
-        """AttnRes (prefix update, block write, softmax mix) + the sublayer's input RMSNorm."""
+                 num_blocks: int, write_idx: int, out: torch.Tensor,
+                 upcoming: torch.Tensor | None = None) -> torch.Tensor:
+        """AttnRes (prefix update, block write, softmax mix) + the sublayer's input RMSNorm
+        (``upcoming``, the next kernel's weight, is a prefetch hint: unused here)."""
         eps = self.cfg.rms_eps
         if delta is not None:
             prefix.copy_(prefix.to(self.cd) + delta.to(self.cd))

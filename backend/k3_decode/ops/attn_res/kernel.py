@@ -20,7 +20,7 @@ import cutlass
 from cutlass import cute
 from cutlass.memory import SmemAllocator
 
-from backend.k3_decode.ops.gemv.device import BF16, F32, I32, I64, prefetch_l2, vec
+from backend.k3_decode.ops.gemv.device import BF16, F32, I32, I64, prefetch_l2, prefetch_share, vec
 
 THREADS = 256
 WARPS = THREADS // 32
@@ -74,18 +74,48 @@ def _cta_sum2(a: F32, b: F32, red: cute.Tensor, slot: cutlass.Constexpr):
 def attn_res_kernel(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Pointer,
                     norm_w: cute.Pointer, proj_w: cute.Pointer, out_w: cute.Pointer,
                     out: cute.Pointer, block_write_idx: I32, ld_prefix: I64, ld_delta: I64,
-                    ld_blk_t: I64, ld_blk_s: I64, ld_out: I64, h: cutlass.Constexpr,
+                    ld_blk_t: I64, ld_blk_s: I64, ld_out: I64, n_tok: I32, pf: cute.Pointer,
+                    pf_bytes: I64, h: cutlass.Constexpr,
                     num_blocks: cutlass.Constexpr, has_delta: cutlass.Constexpr,
                     write_block: cutlass.Constexpr, out_norm: cutlass.Constexpr,
                     eps: cutlass.Constexpr, out_eps: cutlass.Constexpr,
-                    prefetch: cutlass.Constexpr):
+                    prefetch: cutlass.Constexpr, pf_ctas: cutlass.Constexpr):
     """One token: prefix update, online-softmax mix over the sources, output RMSNorm.
 
     ``prefetch``: threads 0 .. num_blocks-1 first ask L2 for one saved block row each (one bulk
     prefetch of 2H bytes), so the source loads of step 2, which wait behind a CTA reduction
-    each, find their rows in L2 instead of starting a DRAM round trip there."""
+    each, find their rows in L2 instead of starting a DRAM round trip there.
+
+    ``pf_ctas`` > 0: that many CTAs after the ``n_tok`` token CTAs only bulk-prefetch their
+    share of ``[pf, pf + pf_bytes)`` (the next projection's first weight rows) into L2 and
+    exit: DRAM streams the next kernel's bytes while this latency-bound one runs."""
     cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
     tok, _, _ = cute.arch.block_idx()
+    if cutlass.const_expr(pf_ctas > 0):
+        if tok >= n_tok:
+            tid_pf, _, _ = cute.arch.thread_idx()
+            prefetch_share(pf, pf_bytes, (tok - n_tok) * THREADS + tid_pf, pf_ctas * THREADS)
+        else:
+            _attn_res_token(prefix, delta, blocks, norm_w, proj_w, out_w, out, block_write_idx,
+                            ld_prefix, ld_delta, ld_blk_t, ld_blk_s, ld_out, tok, h,
+                            num_blocks, has_delta, write_block, out_norm, eps, out_eps,
+                            prefetch)
+    else:
+        _attn_res_token(prefix, delta, blocks, norm_w, proj_w, out_w, out, block_write_idx,
+                        ld_prefix, ld_delta, ld_blk_t, ld_blk_s, ld_out, tok, h, num_blocks,
+                        has_delta, write_block, out_norm, eps, out_eps, prefetch)
+
+
+@cute.jit
+def _attn_res_token(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Pointer,
+                    norm_w: cute.Pointer, proj_w: cute.Pointer, out_w: cute.Pointer,
+                    out: cute.Pointer, block_write_idx: I32, ld_prefix: I64, ld_delta: I64,
+                    ld_blk_t: I64, ld_blk_s: I64, ld_out: I64, tok: I32, h: cutlass.Constexpr,
+                    num_blocks: cutlass.Constexpr, has_delta: cutlass.Constexpr,
+                    write_block: cutlass.Constexpr, out_norm: cutlass.Constexpr,
+                    eps: cutlass.Constexpr, out_eps: cutlass.Constexpr,
+                    prefetch: cutlass.Constexpr):
+    """The token CTA's work (the kernel's docstring)."""
     if cutlass.const_expr(prefetch):
         tid0, _, _ = cute.arch.thread_idx()
         for s in cutlass.range_constexpr(num_blocks):
@@ -159,12 +189,16 @@ def attn_res_launch(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
                     norm_w: cute.Pointer, proj_w: cute.Pointer, out_w: cute.Pointer,
                     out: cute.Pointer, n_tok: I32, block_write_idx: I32, ld_prefix: I64,
                     ld_delta: I64, ld_blk_t: I64, ld_blk_s: I64, ld_out: I64,
+                    pf: cute.Pointer, pf_bytes: I64,
                     stream: cuda.CUstream, h: cutlass.Constexpr, num_blocks: cutlass.Constexpr,
                     has_delta: cutlass.Constexpr, write_block: cutlass.Constexpr,
                     out_norm: cutlass.Constexpr, eps: cutlass.Constexpr,
-                    out_eps: cutlass.Constexpr, prefetch: cutlass.Constexpr = False):
-    """Host side: one CTA per token on the caller's stream (CUDA-graph safe)."""
+                    out_eps: cutlass.Constexpr, prefetch: cutlass.Constexpr = False,
+                    pf_ctas: cutlass.Constexpr = 0):
+    """Host side: one CTA per token (plus ``pf_ctas`` prefetch CTAs) on the caller's stream
+    (CUDA-graph safe)."""
     attn_res_kernel(prefix, delta, blocks, norm_w, proj_w, out_w, out, block_write_idx,
-                    ld_prefix, ld_delta, ld_blk_t, ld_blk_s, ld_out, h, num_blocks, has_delta,
-                    write_block, out_norm, eps, out_eps, prefetch).launch(
-        grid=(n_tok, 1, 1), block=(THREADS, 1, 1), stream=stream)
+                    ld_prefix, ld_delta, ld_blk_t, ld_blk_s, ld_out, n_tok, pf, pf_bytes, h,
+                    num_blocks, has_delta, write_block, out_norm, eps, out_eps, prefetch,
+                    pf_ctas).launch(
+        grid=(n_tok + pf_ctas, 1, 1), block=(THREADS, 1, 1), stream=stream)

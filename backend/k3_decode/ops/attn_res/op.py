@@ -32,6 +32,8 @@ MAX_TOKENS = 4096
 MAX_BLOCKS = 16
 H_MULTIPLE = 1024
 BF = torch.bfloat16
+PREFETCH_CTAS = 32  # CTAs that issue the `upcoming` prefetch (each thread one bulk prefetch)
+MAX_PREFETCH_CTAS = 132
 
 
 class AttnResInputError(ValueError):
@@ -51,6 +53,7 @@ class AttnResKey:
     out_eps: float
     arch: str
     prefetch: bool = False
+    pf_ctas: int = 0
 
 
 def check_inputs(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
@@ -83,6 +86,22 @@ def check_inputs(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch
     return t, h
 
 
+def check_upcoming(upcoming: torch.Tensor | None, nbytes: int, ctas: int,
+                   device: torch.device) -> int:
+    """Bytes of `upcoming` to prefetch (0: none), or `AttnResInputError`."""
+    err = AttnResInputError
+    if upcoming is None or nbytes <= 0:
+        return 0
+    need(isinstance(upcoming, torch.Tensor) and upcoming.is_contiguous(), err, OP,
+         "upcoming must be a contiguous tensor")
+    need(upcoming.device == device, err, OP,
+         f"upcoming is on {upcoming.device}, the inputs on {device}")
+    need(upcoming.data_ptr() % 16 == 0, err, OP, "upcoming's base address is not 16-byte aligned")
+    need(1 <= ctas <= MAX_PREFETCH_CTAS, err, OP,
+         f"prefetch_ctas={ctas} is outside 1..{MAX_PREFETCH_CTAS}")
+    return min(int(nbytes), upcoming.numel() * upcoming.element_size()) // 16 * 16
+
+
 @functools.cache
 def compile_attn_res(key: AttnResKey, extra_options: str = ""):
     """Compile (once per key) the AttnRes launcher; no GPU is needed."""
@@ -93,28 +112,34 @@ def compile_attn_res(key: AttnResKey, extra_options: str = ""):
     from backend.k3_decode.ops.attn_res.kernel import attn_res_launch
 
     bf, i32, i64 = cutlass.BFloat16, cutlass.Int32, cutlass.Int64
-    args = [fake_ptr(bf) for _ in range(7)] + [i32(1), i32(0)] + [i64(1)] * 5
+    args = ([fake_ptr(bf) for _ in range(7)] + [i32(1), i32(0)] + [i64(1)] * 5
+            + [fake_ptr(bf), i64(0)])
     return cute.compile(attn_res_launch, *args, cuda.CUstream(0), key.hidden, key.num_blocks,
                         key.has_delta, key.write_block, key.out_norm, key.eps, key.out_eps,
-                        key.prefetch, options=f"--gpu-arch {key.arch} {extra_options}".strip())
+                        key.prefetch, key.pf_ctas, options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
 def attn_res_norm(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
                   norm_w: torch.Tensor, proj_w: torch.Tensor, out_norm_w: torch.Tensor | None,
                   num_blocks: int, block_write_idx: int = -1, eps: float = 1e-6,
                   out_eps: float = 1e-6, out: torch.Tensor | None = None,
-                  prefetch: bool = False) -> torch.Tensor:
+                  prefetch: bool = False, upcoming: torch.Tensor | None = None,
+                  upcoming_bytes: int = 0, prefetch_ctas: int = PREFETCH_CTAS) -> torch.Tensor:
     """Run the fused AttnRes + RMSNorm kernel (see the module docstring); returns `out`.
-    `prefetch=True`: the saved block rows are bulk-prefetched into L2 at the kernel's start
-    (`kernel.attn_res_kernel`; same result)."""
+    `prefetch=True`: the saved block rows are bulk-prefetched into L2 at the kernel's start.
+    `upcoming` (a contiguous tensor the next kernel reads, e.g. its weight) with
+    `upcoming_bytes` > 0: `prefetch_ctas` extra CTAs bulk-prefetch its first
+    `min(upcoming_bytes, its size)` bytes (rounded down to 16) into L2 while the token CTAs run.
+    Neither changes the result (`kernel.attn_res_kernel`)."""
     if out is None:
         need(isinstance(prefix, torch.Tensor), AttnResInputError, OP, "prefix must be a tensor")
         out = torch.empty(prefix.shape, dtype=BF, device=prefix.device)
     t, h = check_inputs(prefix, delta, blocks, norm_w, proj_w, out_norm_w, num_blocks,
                         block_write_idx, out)
+    pf_bytes = check_upcoming(upcoming, upcoming_bytes, prefetch_ctas, prefix.device)
     key = AttnResKey(h, num_blocks, delta is not None, block_write_idx >= 0,
                      out_norm_w is not None, float(eps), float(out_eps), target_arch(),
-                     bool(prefetch) and num_blocks > 0)
+                     bool(prefetch) and num_blocks > 0, prefetch_ctas if pf_bytes else 0)
     fn = compile_attn_res(key)
     import cutlass
 
@@ -124,5 +149,6 @@ def attn_res_norm(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torc
        cutlass.Int32(t), cutlass.Int32(max(block_write_idx, 0)),
        cutlass.Int64(prefix.stride(0)), cutlass.Int64(d.stride(0)),
        cutlass.Int64(blocks.stride(0)), cutlass.Int64(blocks.stride(1)),
-       cutlass.Int64(out.stride(0)), stream_of(prefix.device))
+       cutlass.Int64(out.stride(0)), ptr(upcoming if pf_bytes else prefix),
+       cutlass.Int64(pf_bytes), stream_of(prefix.device))
     return out

@@ -65,6 +65,19 @@ def prefetch_l2(base: cute.Pointer, nbytes: int, *, loc=None, ip=None) -> None:
                                 I32(nbytes).ir_value(loc=loc, ip=ip), loc=loc, ip=ip)
 
 
+@cute.jit
+def prefetch_share(base: cute.Pointer, nbytes: I64, part: I32, parts: I32):
+    """Caller `part` of `parts` bulk-prefetches its share of the byte range `[base, base +
+    nbytes)` into L2 (`nbytes` a multiple of 16, `base` 16-byte aligned): equal 16-byte-multiple
+    shares, the last ones shorter or empty."""
+    units = (nbytes // 16 + I64(parts) - 1) // I64(parts)  # 16-byte units per share
+    start = I64(part) * units * 16
+    if start < nbytes:
+        size = cutlass.min(units * 16, nbytes - start)
+        prefetch_l2(cute.make_ptr(U8, base.toint() + start, cute.AddressSpace.gmem,
+                                  assumed_align=16), size.to(I32))
+
+
 def vec(base: cute.Pointer, dtype, n: int, align: int) -> cute.Tensor:
     """An n-element contiguous gmem tensor at `base`, with the alignment the host checked."""
     p = cute.make_ptr(dtype, base.toint(), cute.AddressSpace.gmem, assumed_align=align)

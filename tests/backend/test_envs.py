@@ -1,0 +1,36 @@
+"""The backend's environment knobs parse to what `envs.py` documents, and a bad value is one
+clear error naming the variable and what it takes."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.k3_decode import envs
+
+
+@pytest.mark.parametrize(("raw", "want"), [(None, 0.0), ("0", 0.0), ("12", 12.0), ("1.5", 1.5),
+                                           ("48", 48.0)])
+def test_next_prefetch_mib(raw, want, monkeypatch) -> None:
+    if raw is None:
+        monkeypatch.delenv("K3_DECODE_NEXT_PREFETCH_MB", raising=False)
+    else:
+        monkeypatch.setenv("K3_DECODE_NEXT_PREFETCH_MB", raw)
+    assert envs.K3_DECODE_NEXT_PREFETCH_MB == want
+
+
+@pytest.mark.parametrize("raw", ["abc", "-1", "49", "nan", ""])
+def test_next_prefetch_mib_refuses(raw, monkeypatch) -> None:
+    monkeypatch.setenv("K3_DECODE_NEXT_PREFETCH_MB", raw)
+    with pytest.raises(ValueError, match="K3_DECODE_NEXT_PREFETCH_MB=.*give MiB between 0 and 48"):
+        _ = envs.K3_DECODE_NEXT_PREFETCH_MB
+
+
+@pytest.mark.parametrize("knob", ["K3_DECODE_ROUTER_ROLLED", "K3_DECODE_GEMV_PREFETCH",
+                                  "K3_DECODE_MLA_SMALL_TPC", "K3_DECODE_ATTNRES_PREFETCH"])
+def test_candidate_switches_are_off_unless_one(knob, monkeypatch) -> None:
+    """The session-10 variants stay off by default and for anything but "1"."""
+    monkeypatch.delenv(knob, raising=False)
+    assert getattr(envs, knob) is False
+    for raw, want in (("1", True), ("0", False), ("yes", False)):
+        monkeypatch.setenv(knob, raw)
+        assert getattr(envs, knob) is want
