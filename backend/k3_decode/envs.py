@@ -53,6 +53,14 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # head) while the latency-bound AttnRes leaves DRAM idle. Off ("0") until timed on the
     # H200 (NOTES.md session 10; session 5's side-stream prefetch kernels cost time).
     "K3_DECODE_NEXT_PREFETCH_MB": lambda: _mib("K3_DECODE_NEXT_PREFETCH_MB"),
+    # MiB > 0: the MoE's SIMT w13 launch gets extra CTAs that prefetch that many MiB of the
+    # tail projection's weight into L2 while the latency-bound experts run (at one token they
+    # leave DRAM 60-70% idle). Off ("0") until timed (NOTES.md session 10).
+    "K3_DECODE_TAIL_PREFETCH_MB": lambda: _mib("K3_DECODE_TAIL_PREFETCH_MB"),
+    # MiB > 0: the MLA decode's combine launch gets extra CTAs that prefetch that many MiB of
+    # the o_proj weight into L2 (attention and combine leave DRAM nearly idle at short
+    # contexts). Off ("0") until timed (NOTES.md session 10).
+    "K3_DECODE_OPROJ_PREFETCH_MB": lambda: _mib("K3_DECODE_OPROJ_PREFETCH_MB"),
     # "1": the SIMT GEMVs (1-2 rows, and 3-4 rows of few long weight rows) are programmatic
     # dependent launches: their first weight loads go out while the previous kernel runs (each
     # kernel that can precede a GEMV signals `griddepcontrol.launch_dependents` at its start).

@@ -13,7 +13,8 @@ source scripts/device/env.sh || exit 1
 out=${OUT:-/tmp/k3ft-candidates}
 mkdir -p "$out"
 CANDIDATES=(K3_DECODE_ROUTER_ROLLED=1 K3_DECODE_GEMV_PREFETCH=1 K3_DECODE_MLA_SMALL_TPC=1
-            K3_DECODE_ATTNRES_PREFETCH=1 K3_DECODE_NEXT_PREFETCH_MB=12)
+            K3_DECODE_ATTNRES_PREFETCH=1 K3_DECODE_NEXT_PREFETCH_MB=12
+            K3_DECODE_TAIL_PREFETCH_MB=16 K3_DECODE_OPROJ_PREFETCH_MB=16)
 pairs=("$@")
 [ ${#pairs[@]} -eq 0 ] && pairs=("${CANDIDATES[@]}")
 export K3FT_KERNEL_CASES=$out/candidate_cases.jsonl

@@ -13,6 +13,7 @@ pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl==4.8.1 (pip inst
 
 from backend.k3_decode.ops.mla.compile import (  # noqa: E402
     Tiling,
+    compile_mla_decode,
     compile_report,
     parse_ptxas,
 )
@@ -106,3 +107,18 @@ def test_parse_ptxas_reads_wrapped_reports():
     assert (a.kernel, a.registers, a.spill_stores, a.spill_loads, a.stack_frame) == (
         "kernel_a", 255, 32, 20, 24)
     assert (b.kernel, b.registers, b.spill_stores) == ("kernel_b", 61, 0)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_combine_with_prefetch_columns_compiles_without_spills(arch):
+    """The executor's one-token MLA decode (attend + combine, absorb done by the q_b launch)
+    with combine's o_proj prefetch columns (``pf_x``, ``K3_DECODE_OPROJ_PREFETCH_MB``); the
+    fused build has no combine launch to carry them and refuses."""
+    _, reports = compile_report("fp8", arch, Tiling(), absorb=False, pf_x=4)
+    names = sorted(r.kernel.split("_kernel")[0].replace("kernel_cutlass_", "") for r in reports)
+    assert names == ["attend_mma", "combine"], reports
+    for rep in reports:
+        assert rep.spill_stores == rep.spill_loads == rep.stack_frame == 0, rep
+        assert 0 < rep.registers <= 255
+    with pytest.raises(ValueError, match="pf_x must be 0"):
+        compile_mla_decode("fp8", Tiling(), fused=True, pf_x=4)

@@ -7,22 +7,27 @@ import pytest
 
 from backend.k3_decode import envs
 
+MIB_KNOBS = ["K3_DECODE_NEXT_PREFETCH_MB", "K3_DECODE_TAIL_PREFETCH_MB",
+             "K3_DECODE_OPROJ_PREFETCH_MB"]
 
+
+@pytest.mark.parametrize("knob", MIB_KNOBS)
 @pytest.mark.parametrize(("raw", "want"), [(None, 0.0), ("0", 0.0), ("12", 12.0), ("1.5", 1.5),
                                            ("48", 48.0)])
-def test_next_prefetch_mib(raw, want, monkeypatch) -> None:
+def test_prefetch_mib(knob, raw, want, monkeypatch) -> None:
     if raw is None:
-        monkeypatch.delenv("K3_DECODE_NEXT_PREFETCH_MB", raising=False)
+        monkeypatch.delenv(knob, raising=False)
     else:
-        monkeypatch.setenv("K3_DECODE_NEXT_PREFETCH_MB", raw)
-    assert envs.K3_DECODE_NEXT_PREFETCH_MB == want
+        monkeypatch.setenv(knob, raw)
+    assert getattr(envs, knob) == want
 
 
+@pytest.mark.parametrize("knob", MIB_KNOBS)
 @pytest.mark.parametrize("raw", ["abc", "-1", "49", "nan", ""])
-def test_next_prefetch_mib_refuses(raw, monkeypatch) -> None:
-    monkeypatch.setenv("K3_DECODE_NEXT_PREFETCH_MB", raw)
-    with pytest.raises(ValueError, match="K3_DECODE_NEXT_PREFETCH_MB=.*give MiB between 0 and 48"):
-        _ = envs.K3_DECODE_NEXT_PREFETCH_MB
+def test_prefetch_mib_refuses(knob, raw, monkeypatch) -> None:
+    monkeypatch.setenv(knob, raw)
+    with pytest.raises(ValueError, match=f"{knob}=.*give MiB between 0 and 48"):
+        _ = getattr(envs, knob)
 
 
 @pytest.mark.parametrize("knob", ["K3_DECODE_ROUTER_ROLLED", "K3_DECODE_GEMV_PREFETCH",

@@ -445,11 +445,13 @@ def test_greedy_agreement_over_512_steps() -> None:
     ("K3_DECODE_ROUTER_ROLLED", "1", 1), ("K3_DECODE_ROUTER_ROLLED", "1", 2),
     ("K3_DECODE_GEMV_PREFETCH", "1", 1), ("K3_DECODE_MLA_SMALL_TPC", "1", 1),
     ("K3_DECODE_MLA_SMALL_TPC", "1", 2), ("K3_DECODE_ATTNRES_PREFETCH", "1", 1),
-    ("K3_DECODE_NEXT_PREFETCH_MB", "12", 1)])
+    ("K3_DECODE_NEXT_PREFETCH_MB", "12", 1), ("K3_DECODE_TAIL_PREFETCH_MB", "16", 1),
+    ("K3_DECODE_OPROJ_PREFETCH_MB", "16", 1), ("K3_DECODE_OPROJ_PREFETCH_MB", "16", 2)])
 def test_session10_variants_give_the_same_step(knob: str, value: str, reqs: int,
                                                monkeypatch) -> None:
     """Each opt-in variant of session 10 (rolled router rounds, GEMV row prefetch, 4-token MLA
-    absorb / combine CTAs, AttnRes block prefetch, next-weight prefetch CTAs) replays the whole
+    absorb / combine CTAs, AttnRes block prefetch, next-weight prefetch CTAs in the AttnRes,
+    w13 and combine launches) replays the whole
     step to the same logits, bit for bit, as the default executor, with the same kernel count
     per MLA + MoE layer: none changes an operation's arithmetic or its order."""
     monkeypatch.delenv(knob, raising=False)

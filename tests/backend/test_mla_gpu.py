@@ -429,3 +429,32 @@ def test_mla_decode_four_tokens_per_combine_cta(name, seq_lens, q, cache):
                                reference(inp, q), atol, rtol, REL_FRO[torch.bfloat16])
     assert ok, msg
     assert torch.equal(outs[4], outs[8]), "4-token CTAs changed bits"
+
+
+@pytest.mark.parametrize("seq_lens,q,nbytes", [([1000], 1, 12 << 20), ([5, 4096], 1, 1 << 30),
+                                               ([64, 700], 2, 4096)])
+def test_mla_decode_combine_prefetch_changes_no_bit(seq_lens, q, nbytes):
+    """Extra combine grid columns that bulk-prefetch the next kernel's weight (`upcoming`, an
+    o_proj at TP8: 7168 x 1536 bf16) leave the output bit-equal to the plain launch and the
+    weight untouched, with absorb launched and with a precomputed q_lat (the executor's path
+    at 1-2 tokens); against float64 too."""
+    from backend.k3_decode.ops.mla import mla_decode
+
+    heads = 12
+    inp = make_inputs(heads, seq_lens, q, "fp8", 64, seed=41 + len(seq_lens))
+    g = torch.Generator(device="cpu").manual_seed(4)
+    o_proj = (torch.randn(7168, heads * 128, generator=g) * 0.02).to(torch.bfloat16).cuda()
+    before = o_proj.clone()
+    kw = {k: inp[k] for k in ("q_nope", "q_pe", "gate", "kv_cache", "block_table", "seq_lens",
+                              "w_uk_t", "w_uv")}
+    outs = []
+    for up in (None, o_proj):
+        outs.append(poison_(torch.empty_like(inp["gate"])))
+        mla_decode(**kw, q_per_request=q, kv_scale=inp["kv_scale"], out=outs[-1],
+                   max_context=max(seq_lens), upcoming=up, upcoming_bytes=nbytes)
+    torch.cuda.synchronize()
+    atol, rtol = tolerance(torch.bfloat16)
+    ok, msg = check_and_record(OP, f"mma/combine_prefetch/r{len(seq_lens)}/q{q}/{nbytes}",
+                               outs[1], reference(inp, q), atol, rtol, REL_FRO[torch.bfloat16])
+    assert ok, msg
+    assert torch.equal(outs[0], outs[1]) and torch.equal(o_proj, before)

@@ -273,3 +273,26 @@ def test_moe_deferred_norm_leaves_rows_and_partials(batch: int, passes: int) -> 
                                situ_glu(gu[:, :768], gu[:, 768:]), 2e-2, 2e-2,
                                REL_FRO[torch.bfloat16])
     assert ok, msg
+
+
+@pytest.mark.parametrize("batch,nbytes", [(1, 12 << 20), (2, 4096), (5, 1 << 30)])
+def test_moe_w13_upcoming_prefetch_changes_no_bit(batch: int, nbytes: int) -> None:
+    """Extra w13 grid columns that bulk-prefetch the next kernel's weight (`upcoming`, the tail
+    projection at TP8: 7168 x 4352 bf16; 12 MiB, 4 KB, all of it) leave the expert output
+    bit-equal to the plain launch and the weight untouched; against float64 too."""
+    from backend.k3_decode.ops.moe import moe_experts
+
+    inp = make_inputs(batch, 896, 384, seed=300 + batch)
+    g = torch.Generator(device="cpu").manual_seed(3)
+    tail = (torch.randn(7168, 4352, generator=g) * 0.02).to(torch.bfloat16).cuda()
+    before = tail.clone()
+    outs = []
+    for up in (None, tail):
+        out = poison_(torch.empty(inp["z"].shape, dtype=torch.bfloat16, device="cuda"))
+        moe_experts(**inp, out=out, upcoming=up, upcoming_bytes=nbytes)
+        outs.append(out)
+    torch.cuda.synchronize()
+    ok, msg = check_and_record(OP, f"e896/i384/b{batch}/upcoming{nbytes}", outs[1],
+                               reference(inp), 2e-2, 2e-2, REL_FRO[torch.bfloat16])
+    assert ok, msg
+    assert torch.equal(outs[0], outs[1]) and torch.equal(tail, before)

@@ -127,6 +127,8 @@ class KernelOps:
         self._attn_res = functools.partial(attn_res_norm,
                                            prefetch=envs.K3_DECODE_ATTNRES_PREFETCH)
         self._next_prefetch_bytes = int(envs.K3_DECODE_NEXT_PREFETCH_MB * (1 << 20))
+        self._tail_prefetch_bytes = int(envs.K3_DECODE_TAIL_PREFETCH_MB * (1 << 20))
+        self._oproj_prefetch_bytes = int(envs.K3_DECODE_OPROJ_PREFETCH_MB * (1 << 20))
         self.skip_experts = False
         """Benchmark aid: skip the routed experts (the latent goes straight to the norm)."""
         self._counters: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
@@ -211,7 +213,8 @@ class KernelOps:
                       softmax_scale=m.softmax_scale, max_context=self.max_context,
                       check_lengths=False, counter=self.counters(h.device)[2],
                       fused=self._mla_fused, q_lat=q_lat,
-                      tiling=self._mla_small if t <= 4 else self._mla_tiling)
+                      tiling=self._mla_small if t <= 4 else self._mla_tiling,
+                      upcoming=w.o_proj, upcoming_bytes=self._oproj_prefetch_bytes)
         return self._gemv(o, w.o_proj, out)
 
     def moe(self, w: MoeWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -250,12 +253,12 @@ class KernelOps:
                                device=h.device)
             self._moe(fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, xt,
                       normalize=True, gu=fr[:, lat:], norm_part=part, w2_passes=W2_PASSES,
-                      **glu)
+                      upcoming=tail, upcoming_bytes=self._tail_prefetch_bytes, **glu)
             return self._gemv_normed(xt, lat, part, tail, self.cfg.rms_eps, out)
         else:  # the w2 kernel also writes the latent RMSNorm and the shared SiTU into xt
             self._moe(fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, xt,
                       normalize=True, gu=fr[:, lat:], eps=self.cfg.rms_eps, counter=c_moe,
-                      **glu)
+                      upcoming=tail, upcoming_bytes=self._tail_prefetch_bytes, **glu)
         return self._gemv(xt, tail, out)
 
     def dense(self, w: DenseWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

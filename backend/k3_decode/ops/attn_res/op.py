@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from backend.k3_decode.ops.gemv.common import (
+    byte_ptr,
     check_device,
     check_tensor,
     fake_ptr,
@@ -25,6 +26,9 @@ from backend.k3_decode.ops.gemv.common import (
     ptr,
     stream_of,
     target_arch,
+)
+from backend.k3_decode.ops.gemv.common import (
+    upcoming_bytes as prefetch_bytes,
 )
 
 OP = "attn_res_norm"
@@ -89,17 +93,11 @@ def check_inputs(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch
 def check_upcoming(upcoming: torch.Tensor | None, nbytes: int, ctas: int,
                    device: torch.device) -> int:
     """Bytes of `upcoming` to prefetch (0: none), or `AttnResInputError`."""
-    err = AttnResInputError
-    if upcoming is None or nbytes <= 0:
-        return 0
-    need(isinstance(upcoming, torch.Tensor) and upcoming.is_contiguous(), err, OP,
-         "upcoming must be a contiguous tensor")
-    need(upcoming.device == device, err, OP,
-         f"upcoming is on {upcoming.device}, the inputs on {device}")
-    need(upcoming.data_ptr() % 16 == 0, err, OP, "upcoming's base address is not 16-byte aligned")
-    need(1 <= ctas <= MAX_PREFETCH_CTAS, err, OP,
-         f"prefetch_ctas={ctas} is outside 1..{MAX_PREFETCH_CTAS}")
-    return min(int(nbytes), upcoming.numel() * upcoming.element_size()) // 16 * 16
+    n = prefetch_bytes(AttnResInputError, OP, upcoming, nbytes, device)
+    if n:
+        need(1 <= ctas <= MAX_PREFETCH_CTAS, AttnResInputError, OP,
+             f"prefetch_ctas={ctas} is outside 1..{MAX_PREFETCH_CTAS}")
+    return n
 
 
 @functools.cache
@@ -113,7 +111,7 @@ def compile_attn_res(key: AttnResKey, extra_options: str = ""):
 
     bf, i32, i64 = cutlass.BFloat16, cutlass.Int32, cutlass.Int64
     args = ([fake_ptr(bf) for _ in range(7)] + [i32(1), i32(0)] + [i64(1)] * 5
-            + [fake_ptr(bf), i64(0)])
+            + [fake_ptr(cutlass.Uint8), i64(0)])
     return cute.compile(attn_res_launch, *args, cuda.CUstream(0), key.hidden, key.num_blocks,
                         key.has_delta, key.write_block, key.out_norm, key.eps, key.out_eps,
                         key.prefetch, key.pf_ctas, options=f"--gpu-arch {key.arch} {extra_options}".strip())
@@ -149,6 +147,6 @@ def attn_res_norm(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torc
        cutlass.Int32(t), cutlass.Int32(max(block_write_idx, 0)),
        cutlass.Int64(prefix.stride(0)), cutlass.Int64(d.stride(0)),
        cutlass.Int64(blocks.stride(0)), cutlass.Int64(blocks.stride(1)),
-       cutlass.Int64(out.stride(0)), ptr(upcoming if pf_bytes else prefix),
+       cutlass.Int64(out.stride(0)), byte_ptr(upcoming if pf_bytes else prefix),
        cutlass.Int64(pf_bytes), stream_of(prefix.device))
     return out

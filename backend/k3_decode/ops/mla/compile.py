@@ -108,6 +108,8 @@ def launch_mla_decode(
     qp_hs: cutlass.Int32,
     gate_ts: cutlass.Int32,
     softmax_scale: cutlass.Float32,
+    pf: cute.Pointer,
+    pf_bytes: cutlass.Int64,
     stream: cuda.CUstream,
     rows: cutlass.Constexpr,
     unroll: cutlass.Constexpr,
@@ -116,12 +118,15 @@ def launch_mla_decode(
     pdl: cutlass.Constexpr = False,
     fused: cutlass.Constexpr = False,
     absorb: cutlass.Constexpr = True,
+    pf_x: cutlass.Constexpr = 0,
 ):
     """Launch absorb -> split-KV attend -> combine/W_UV/gate on ``stream``; with ``pdl`` absorb
     and combine are programmatic dependent launches (weights loaded before they wait); with
     ``fused`` (tensor-core attention only) all three run as one ``mla_core_kernel`` launch that
     syncs its stages through the int32 counters at ``ctr``; without ``absorb`` the caller has
-    written ``q_lat`` (``prep.mla_qb_absorb``) and only attend and combine run."""
+    written ``q_lat`` (``prep.mla_qb_absorb``) and only attend and combine run. ``pf_x`` > 0
+    (three launches only): the combine grid has ``pf_x`` more head columns that prefetch
+    ``pf_bytes`` of ``pf`` (the o_proj weight) into L2."""
     n_tokens = n_req * q_len
     token_groups = (n_tokens + tokens_per_cta - 1) // tokens_per_cta
     if cutlass.const_expr(fused):
@@ -156,9 +161,9 @@ def launch_mla_decode(
                      block=(k.ATTN_THREADS, 1, 1), stream=stream)
         k.combine_kernel(
             o_part, lse_part, w_uv, gate, kv_scale, out, n_tokens, n_heads, gate_ts, n_splits,
-            tokens_per_cta, pdl
-        ).launch(grid=(n_heads, token_groups, 4), block=(k.COMBINE_THREADS, 1, 1), stream=stream,
-                 use_pdl=pdl)
+            pf, pf_bytes, tokens_per_cta, pdl, pf_x
+        ).launch(grid=(n_heads + pf_x, token_groups, 4), block=(k.COMBINE_THREADS, 1, 1),
+                 stream=stream, use_pdl=pdl)
 
 
 def _fake_ptr(dtype: type[cutlass.Numeric]) -> cute.Pointer:
@@ -172,24 +177,29 @@ def _compile_args(cache_dtype: str) -> list[object]:
     ptrs += [_fake_ptr(CACHE_DTYPES[cache_dtype]), _fake_ptr(i32), _fake_ptr(i32)]
     ptrs += [_fake_ptr(t) for t in (bf16, bf16, bf16, f32, f32, f32, i32)]
     ints = [i32(1)] * 13
-    return [*ptrs, *ints, cutlass.Float32(1.0), cuda.CUstream(0)]
+    return [*ptrs, *ints, cutlass.Float32(1.0), _fake_ptr(cutlass.Uint8), cutlass.Int64(0),
+            cuda.CUstream(0)]
 
 
 def compile_mla_decode(cache_dtype: str, tiling: Tiling, options: str | None = None,
-                       pdl: bool = False, fused: bool = False, absorb: bool = True) -> object:
+                       pdl: bool = False, fused: bool = False, absorb: bool = True,
+                       pf_x: int = 0) -> object:
     """Compile the launcher for one cache dtype and tiling (no GPU needed); ``pdl``: absorb and
     combine as programmatic dependent launches; ``fused``: the one-launch ``mla_core_kernel``
     (tensor-core attention only, not with ``pdl``); ``absorb=False``: q_lat comes from the
-    caller, only attend and combine are launched (not with ``fused``)."""
+    caller, only attend and combine are launched (not with ``fused``); ``pf_x``: combine's
+    prefetch columns (``launch_mla_decode``; not with ``fused``)."""
     if cache_dtype not in CACHE_DTYPES:
         raise ValueError(f"cache dtype must be one of {sorted(CACHE_DTYPES)}, got {cache_dtype!r}")
     if fused and (pdl or tiling.variant != "mma"):
         raise ValueError("fused=True needs the tensor-core attention (variant 'mma') and no pdl")
     if fused and not absorb:
         raise ValueError("fused=True runs its own absorb stage (absorb=False does not apply)")
+    if fused and pf_x:
+        raise ValueError("fused=True has no combine launch to prefetch from (pf_x must be 0)")
     args = _compile_args(cache_dtype)
     consts = (tiling.rows, tiling.unroll, tiling.tokens_per_cta, tiling.variant, bool(pdl),
-              bool(fused), bool(absorb))
+              bool(fused), bool(absorb), int(pf_x))
     if options:
         return cute.compile(launch_mla_decode, *args, *consts, options=options)
     return cute.compile(launch_mla_decode, *args, *consts)
@@ -197,9 +207,11 @@ def compile_mla_decode(cache_dtype: str, tiling: Tiling, options: str | None = N
 
 @functools.cache
 def compiled_mla_decode(cache_dtype: str, tiling: Tiling = DEFAULT_TILING,
-                        pdl: bool = False, fused: bool = False, absorb: bool = True) -> object:
+                        pdl: bool = False, fused: bool = False, absorb: bool = True,
+                        pf_x: int = 0) -> object:
     """Cached compile for the current device (the DSL detects the GPU's arch)."""
-    return compile_mla_decode(cache_dtype, tiling, pdl=pdl, fused=fused, absorb=absorb)
+    return compile_mla_decode(cache_dtype, tiling, pdl=pdl, fused=fused, absorb=absorb,
+                              pf_x=pf_x)
 
 
 @dataclass(frozen=True)
@@ -257,7 +269,7 @@ def _capture_fds(sink: io.StringIO) -> Iterator[None]:
 
 
 def compile_report(cache_dtype: str, arch: str, tiling: Tiling = DEFAULT_TILING,
-                   pdl: bool = False, fused: bool = False, absorb: bool = True
+                   pdl: bool = False, fused: bool = False, absorb: bool = True, pf_x: int = 0
                    ) -> tuple[object, list[PtxasReport]]:
     """Compile for ``arch`` with ptxas remarks on; return the object and per-kernel usage."""
     if arch not in ARCHES:
@@ -265,5 +277,5 @@ def compile_report(cache_dtype: str, arch: str, tiling: Tiling = DEFAULT_TILING,
     buf = io.StringIO()
     with _capture_fds(buf):
         obj = compile_mla_decode(cache_dtype, tiling, options=f"--gpu-arch {arch} remarks{{ptx}}",
-                                 pdl=pdl, fused=fused, absorb=absorb)
+                                 pdl=pdl, fused=fused, absorb=absorb, pf_x=pf_x)
     return obj, parse_ptxas(buf.getvalue())

@@ -25,7 +25,7 @@ import math
 import cutlass
 import cutlass.cute as cute
 
-from backend.k3_decode.ops.gemv.device import smem_vec
+from backend.k3_decode.ops.gemv.device import prefetch_share, smem_vec
 
 D_LAT = 512
 D_ROPE = 64
@@ -471,9 +471,22 @@ def combine_body(
 def combine_kernel(o_part: cute.Pointer, lse_part: cute.Pointer, w_uv: cute.Pointer,
                    gate: cute.Pointer, kv_scale: cute.Pointer, out: cute.Pointer,
                    n_tokens: cutlass.Int32, n_heads: cutlass.Int32, gate_ts: cutlass.Int32,
-                   n_splits: cutlass.Int32, tokens_per_cta: cutlass.Constexpr,
-                   pdl: cutlass.Constexpr = False):
-    """``combine_body`` on grid (head, token group, 32-column block)."""
+                   n_splits: cutlass.Int32, pf: cute.Pointer, pf_bytes: cutlass.Int64,
+                   tokens_per_cta: cutlass.Constexpr, pdl: cutlass.Constexpr = False,
+                   pf_x: cutlass.Constexpr = 0):
+    """``combine_body`` on grid (head, token group, 32-column block). ``pf_x`` > 0: the grid
+    has ``pf_x`` more head columns whose CTAs only bulk-prefetch equal shares of ``[pf, pf +
+    pf_bytes)`` (the o_proj weight's first rows) into L2 and exit."""
     h, tg, cb = cute.arch.block_idx()
-    combine_body(h, tg, cb, o_part, lse_part, w_uv, gate, kv_scale, out, n_tokens, n_heads,
-                 gate_ts, n_splits, tokens_per_cta, pdl)
+    if cutlass.const_expr(pf_x > 0):
+        if h >= n_heads:
+            _, gy, gz = cute.arch.grid_dim()
+            tid, _, _ = cute.arch.thread_idx()
+            prefetch_share(pf, pf_bytes, (((h - n_heads) * gy + tg) * gz + cb) * COMBINE_THREADS
+                           + tid, pf_x * gy * gz * COMBINE_THREADS)
+        else:
+            combine_body(h, tg, cb, o_part, lse_part, w_uv, gate, kv_scale, out, n_tokens,
+                         n_heads, gate_ts, n_splits, tokens_per_cta, pdl)
+    else:
+        combine_body(h, tg, cb, o_part, lse_part, w_uv, gate, kv_scale, out, n_tokens, n_heads,
+                     gate_ts, n_splits, tokens_per_cta, pdl)

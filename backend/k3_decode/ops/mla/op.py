@@ -16,7 +16,8 @@ import torch
 from cutlass.cute.runtime import make_ptr
 
 from backend.k3_decode import envs
-from backend.k3_decode.ops.gemv.common import ticket_counter
+from backend.k3_decode.ops.gemv.common import byte_ptr, ticket_counter
+from backend.k3_decode.ops.gemv.common import upcoming_bytes as prefetch_bytes
 from backend.k3_decode.ops.mla.checks import (
     D_LAT,
     D_QK,
@@ -29,6 +30,7 @@ from backend.k3_decode.ops.mla.compile import DEFAULT_TILING, Tiling, compiled_m
 from backend.k3_decode.ops.mla.kernel_core import N_COUNTERS, core_ctas
 
 CORE_CTAS_PER_SM = 1  # the fused kernel's grid must fit at one CTA per SM (kernel_core.py)
+COMBINE_PF_X = 4  # combine grid columns that prefetch `upcoming` (x 4 x token groups CTAs)
 DEFAULT_SOFTMAX_SCALE = 192**-0.5  # (qk_nope 128 + rope 64) ** -0.5, as vLLM's MLA
 
 _TORCH_TO_CUTE = {
@@ -79,6 +81,8 @@ def mla_decode(
     fused: bool | None = None,
     counter: torch.Tensor | None = None,
     q_lat: torch.Tensor | None = None,
+    upcoming: torch.Tensor | None = None,
+    upcoming_bytes: int = 0,
 ) -> torch.Tensor:
     """K3 MLA decode from the split query to the gated ``o_proj`` input ``[T, H*128]`` (bf16).
 
@@ -100,6 +104,9 @@ def mla_decode(
     ``q_lat``: the absorbed query, fp32 ``[T, H, 576]``, already written on this stream by
     ``prep.mla_qb_absorb`` (same ``softmax_scale`` and ``kv_scale``): the absorb launch is
     skipped (``q_nope`` / ``q_pe`` are then only checked, not read; never fused).
+    ``upcoming`` with ``upcoming_bytes`` > 0 (three launches only): the combine launch gets
+    ``COMBINE_PF_X`` more head columns whose CTAs prefetch the first ``upcoming_bytes`` of
+    ``upcoming`` (the next kernel's weight, o_proj) into L2; the result does not change.
     Raises ``MlaInputError`` before any launch.
     """
     shape = check_inputs(q_nope, q_pe, gate, kv_cache, block_table, seq_lens, w_uk_t, w_uv,
@@ -147,13 +154,17 @@ def mla_decode(
     o_part = torch.empty(splits * rows_total * D_LAT, dtype=torch.float32, device=dev)
     lse_part = torch.empty(splits * rows_total, dtype=torch.float32, device=dev)
     scale_t = _scale_tensor(kv_scale, dev)
-    fn = compiled_mla_decode(shape.cache_dtype, tiling, bool(pdl), bool(fused), absorb)
+    pf_bytes = 0 if fused else prefetch_bytes(MlaInputError, "mla_decode", upcoming,
+                                              upcoming_bytes, dev)
+    fn = compiled_mla_decode(shape.cache_dtype, tiling, bool(pdl), bool(fused), absorb,
+                             COMBINE_PF_X if pf_bytes else 0)
     stream = cuda.CUstream(torch.cuda.current_stream(dev).cuda_stream)
     fn(_ptr(q_nope), _ptr(q_pe), _ptr(w_uk_t), _ptr(scale_t), _ptr(kv_cache), _ptr(block_table),
        _ptr(seq_lens), _ptr(gate), _ptr(w_uv), _ptr(out), _ptr(q_lat), _ptr(o_part),
        _ptr(lse_part), _ptr(counter), shape.n_req, shape.n_heads, shape.q_len, shape.max_blocks,
        shape.block_size, chunk, shape.max_context, splits, *q_nope.stride()[:2],
-       *q_pe.stride()[:2], gate.stride(0), float(softmax_scale), stream)
+       *q_pe.stride()[:2], gate.stride(0), float(softmax_scale),
+       byte_ptr(upcoming if pf_bytes else out), cutlass.Int64(pf_bytes), stream)
     return out
 
 

@@ -50,6 +50,7 @@ from backend.k3_decode.ops.gemv.device import (
     f16_hi,
     f16_lo,
     flat,
+    prefetch_share,
     situ,
     smem_vec,
     vec,
@@ -145,14 +146,40 @@ def _stage_row_f32(src: cute.Pointer, xs: cute.Tensor, n: cutlass.Constexpr, bas
 
 @cute.kernel
 def moe_w13_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: cute.Pointer,
-                   act: cute.Pointer, ld_z: I64, latent: cutlass.Constexpr,
+                   act: cute.Pointer, ld_z: I64, pf: cute.Pointer, pf_bytes: I64,
+                   latent: cutlass.Constexpr, inter: cutlass.Constexpr,
+                   top_k: cutlass.Constexpr, n_exp: cutlass.Constexpr, beta: cutlass.Constexpr,
+                   linear_beta: cutlass.Constexpr, pf_x: cutlass.Constexpr):
+    """Gate/up GEMV of one token-expert pair over 8 intermediate rows, then SiTU-GLU.
+
+    ``pf_x`` > 0: the grid has ``pf_x`` more columns; their CTAs only bulk-prefetch equal shares
+    of ``[pf, pf + pf_bytes)`` (the tail projection's first weight rows) into L2 and exit, so
+    DRAM, which the expert kernels leave 60-70% idle at one token, streams the next GEMV's
+    bytes meanwhile."""
+    jb, p, _ = cute.arch.block_idx()
+    if cutlass.const_expr(pf_x > 0):
+        if jb >= inter // W13_ROWS:
+            _, gy, _ = cute.arch.grid_dim()
+            tid, _, _ = cute.arch.thread_idx()
+            prefetch_share(pf, pf_bytes, ((jb - inter // W13_ROWS) * gy + p) * (W13_WARPS * 32)
+                           + tid, pf_x * gy * (W13_WARPS * 32))
+        else:
+            _w13_pair_rows(z, ids, w13, s13, act, ld_z, jb, p, latent, inter, top_k, n_exp,
+                           beta, linear_beta)
+    else:
+        _w13_pair_rows(z, ids, w13, s13, act, ld_z, jb, p, latent, inter, top_k, n_exp, beta,
+                       linear_beta)
+
+
+@cute.jit
+def _w13_pair_rows(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: cute.Pointer,
+                   act: cute.Pointer, ld_z: I64, jb: I32, p: I32, latent: cutlass.Constexpr,
                    inter: cutlass.Constexpr, top_k: cutlass.Constexpr,
                    n_exp: cutlass.Constexpr, beta: cutlass.Constexpr,
                    linear_beta: cutlass.Constexpr):
-    """Gate/up GEMV of one token-expert pair over 16 intermediate rows, then SiTU-GLU."""
+    """CTA (jb, p) of `moe_w13_kernel`: rows jb * 8 .. of token-expert pair p."""
     lane = cute.arch.lane_idx()
     warp = cute.arch.warp_idx()
-    jb, p, _ = cute.arch.block_idx()
     tok = p // top_k
     e_id = cutlass.max(cutlass.min(flat(ids)[p], I32(n_exp - 1)), I32(0)).to(I64)
     half = lane // 16
@@ -473,14 +500,18 @@ def moe_launch(z: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer, w13: cu
                s13: cute.Pointer, w2: cute.Pointer, s2: cute.Pointer, act: cute.Pointer,
                out: cute.Pointer, gu: cute.Pointer, ws: cute.Pointer, part: cute.Pointer,
                counter: cute.Pointer, n_tok: I32, ld_z: I64, ld_out: I64, ld_gu: I64,
+               pf: cute.Pointer, pf_bytes: I64,
                stream: cuda.CUstream, latent: cutlass.Constexpr, inter: cutlass.Constexpr,
                top_k: cutlass.Constexpr, n_exp: cutlass.Constexpr, beta: cutlass.Constexpr,
                linear_beta: cutlass.Constexpr, norm: cutlass.Constexpr,
                shared: cutlass.Constexpr, eps: cutlass.Constexpr, passes: cutlass.Constexpr,
-               w13_tc: cutlass.Constexpr = False, w13_tc_blk: cutlass.Constexpr = 0):
+               w13_tc: cutlass.Constexpr = False, w13_tc_blk: cutlass.Constexpr = 0,
+               pf_x: cutlass.Constexpr = 0):
     """Host side: w13 + SiTU-GLU, then w2 + weighted sum (+ norm / shared SiTU), one stream.
     `w13_tc`: the tensor-core w13 (`moe_w13_tc_kernel`) instead of the SIMT one. `norm`: 0,
-    1 (the w2 kernel normalises) or 2 (it leaves bf16 rows + partial sums of squares)."""
+    1 (the w2 kernel normalises) or 2 (it leaves bf16 rows + partial sums of squares).
+    `pf_x` > 0 (SIMT w13 only): that many extra grid columns of w13 prefetch `pf_bytes` of
+    `pf` into L2 (`moe_w13_kernel`)."""
     if cutlass.const_expr(w13_tc):
         blk = w13_tc_blk if w13_tc_blk else w13_tc_blocks(latent)
         moe_w13_tc_kernel(z, ids, w13, s13, act, ld_z, latent, inter, top_k, n_exp, beta,
@@ -488,9 +519,10 @@ def moe_launch(z: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer, w13: cu
             grid=(inter // 8, n_tok * top_k, 1), block=(latent // (CHUNK * blk) * 32, 1, 1),
             stream=stream)
     else:
-        moe_w13_kernel(z, ids, w13, s13, act, ld_z, latent, inter, top_k, n_exp, beta,
-                       linear_beta).launch(grid=(inter // W13_ROWS, n_tok * top_k, 1),
-                                           block=(W13_WARPS * 32, 1, 1), stream=stream)
+        moe_w13_kernel(z, ids, w13, s13, act, ld_z, pf, pf_bytes, latent, inter, top_k, n_exp,
+                       beta, linear_beta, pf_x).launch(
+            grid=(inter // W13_ROWS + pf_x, n_tok * top_k, 1), block=(W13_WARPS * 32, 1, 1),
+            stream=stream)
     moe_w2_kernel(act, ids, topk_w, w2, s2, out, ld_out, gu, ld_gu, ws, part, counter, latent,
                   inter, top_k, n_exp, norm, shared, eps, beta, linear_beta, passes).launch(
         grid=(latent // (8 * passes), n_tok, 1), block=(min(top_k, W2_SLOT_WARPS) * 32, 1, 1),

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from backend.k3_decode.ops.gemv.common import (
+    byte_ptr,
     check_device,
     check_tensor,
     fake_ptr,
@@ -50,6 +51,7 @@ from backend.k3_decode.ops.gemv.common import (
     target_arch,
     ticket_counter,
 )
+from backend.k3_decode.ops.gemv.common import upcoming_bytes as prefetch_bytes
 from backend.k3_decode.ops.moe.tiling import CHUNK, W13_TC_BLOCKS
 from backend.k3_decode.ops.moe.tiling import w13_tc_blocks as pick_w13_tc_blocks
 
@@ -58,6 +60,7 @@ MAX_TOKENS = 64
 MAX_EXPERTS = 4096
 MAX_STAGED = 10240  # I * min(k, 16) fp32 activations staged per w2 CTA (40 KB of shared memory)
 W2_PASSES = 1  # default w2 rows per CTA = 8 * passes (1 or 2; a compile-time key field)
+PF_X = 2  # w13 grid columns that prefetch `upcoming` (x T * k rows: 32 CTAs at one token)
 W13_TC = False  # default w13 kernel: SIMT (False) or tensor cores (True)
 W2_MAX_INTER = {1: 1024, 2: 384}  # largest I per tiling that ptxas keeps in registers (sm_90a/100a)
 U8 = torch.uint8
@@ -85,6 +88,7 @@ class MoeKey:
     w13_tc: bool = False  # tensor-core w13 (kernel.py: moe_w13_tc_kernel)
     w13_tc_blocks: int = 0  # its scale blocks per warp; 0 = the kernel's choice
     defer_norm: bool = False  # normalize: leave bf16 rows + partials for `gemv_normed`
+    pf_x: int = 0  # extra w13 grid columns that prefetch the next kernel's weight (`upcoming`)
 
 
 def check_inputs(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
@@ -146,11 +150,11 @@ def compile_moe(key: MoeKey, extra_options: str = ""):
     args = [fake_ptr(bf), fake_ptr(i32, 4), fake_ptr(f32, 4), fake_ptr(u8), fake_ptr(u8, 1),
             fake_ptr(u8), fake_ptr(u8, 1), fake_ptr(f32), fake_ptr(bf, 2), fake_ptr(bf, 2),
             fake_ptr(f32, 4), fake_ptr(f32, 4), fake_ptr(i32, 4), i32(1), i64(1), i64(1), i64(1),
-            cuda.CUstream(0)]
+            fake_ptr(u8), i64(0), cuda.CUstream(0)]
     norm = 2 if key.defer_norm else int(key.normalize)
     return cute.compile(moe_launch, *args, key.latent, key.inter, key.top_k, key.experts,
                         key.beta, key.linear_beta, norm, key.shared, key.eps,
-                        key.w2_passes, key.w13_tc, key.w13_tc_blocks,
+                        key.w2_passes, key.w13_tc, key.w13_tc_blocks, key.pf_x,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
@@ -162,8 +166,13 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
                 gu: torch.Tensor | None = None, eps: float = 1e-6,
                 counter: torch.Tensor | None = None, w2_passes: int = W2_PASSES,
                 w13_tc: bool = W13_TC, w13_tc_blocks: int = 0,
-                norm_part: torch.Tensor | None = None) -> torch.Tensor:
-    """Run the MXFP4 expert kernels (see the module docstring); returns `out`."""
+                norm_part: torch.Tensor | None = None, upcoming: torch.Tensor | None = None,
+                upcoming_bytes: int = 0) -> torch.Tensor:
+    """Run the MXFP4 expert kernels (see the module docstring); returns `out`.
+
+    `upcoming` with `upcoming_bytes` > 0 (SIMT w13 only): the w13 launch gets `PF_X` more grid
+    columns whose CTAs prefetch the first `upcoming_bytes` of `upcoming` (the next kernel's
+    weight) into L2 (`kernel.moe_w13_kernel`); the result does not change."""
     for name, v in (("z", z), ("topk_ids", topk_ids), ("w13", w13)):
         need(isinstance(v, torch.Tensor), MoeInputError, OP, f"{name} must be a torch.Tensor")
     need(z.dim() == 2 and topk_ids.dim() == 2 and w13.dim() == 3, MoeInputError, OP,
@@ -215,14 +224,17 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
         part = torch.empty(t, lat // (8 * w2_passes), dtype=torch.float32, device=dev)
     else:  # not read by the kernel (compile-time off); any valid pointers do
         counter, ws, part = topk_ids, act, act
+    pf_bytes = 0 if w13_tc else prefetch_bytes(MoeInputError, OP, upcoming, upcoming_bytes, dev)
     fn = compile_moe(MoeKey(lat, inter, k, e, float(beta), float(linear_beta), target_arch(),
                             bool(normalize), shared, float(eps), int(w2_passes),
-                            bool(w13_tc), int(w13_tc_blocks), norm_part is not None))
+                            bool(w13_tc), int(w13_tc_blocks), norm_part is not None,
+                            PF_X if pf_bytes else 0))
     import cutlass
 
     g = out if gu is None else gu
     fn(ptr(z), ptr(topk_ids, 4), ptr(topk_w, 4), ptr(w13), ptr(w13_scale, 1), ptr(w2),
        ptr(w2_scale, 1), ptr(act), ptr(out, 2), ptr(g, 2), ptr(ws, 4), ptr(part, 4),
        ptr(counter, 4), cutlass.Int32(t), cutlass.Int64(z.stride(0)),
-       cutlass.Int64(out.stride(0)), cutlass.Int64(g.stride(0)), stream_of(dev))
+       cutlass.Int64(out.stride(0)), cutlass.Int64(g.stride(0)),
+       byte_ptr(upcoming if pf_bytes else w13), cutlass.Int64(pf_bytes), stream_of(dev))
     return out
