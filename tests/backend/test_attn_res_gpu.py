@@ -74,6 +74,7 @@ def test_attn_res_strided_blocks() -> None:
     assert ok, msg
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("t,num_blocks,has_delta,write_idx,strided", [
     (1, 1, True, -1, False), (1, 5, True, 5, False), (3, 8, False, -1, True),
     (64, 2, True, 2, False)])
@@ -106,6 +107,7 @@ def test_attn_res_block_prefetch_changes_no_bit(t: int, num_blocks: int, has_del
     assert all(torch.equal(a, b) for a, b in zip(res[0], res[1])), "prefetch changed bits"
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("t,nbytes,ctas", [(1, 12 << 20, 32), (4, 1000, 3), (2, 1 << 30, 132)])
 def test_attn_res_upcoming_prefetch_changes_no_bit(t: int, nbytes: int, ctas: int) -> None:
     """Extra CTAs that bulk-prefetch the next kernel's weight (`upcoming`; 12 MiB of a 90 MB

@@ -441,6 +441,7 @@ def test_greedy_agreement_over_512_steps() -> None:
     assert ok, res
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize(("knob", "value", "reqs"), [
     ("K3_DECODE_ROUTER_ROLLED", "1", 1), ("K3_DECODE_ROUTER_ROLLED", "1", 2),
     ("K3_DECODE_GEMV_PREFETCH", "1", 1), ("K3_DECODE_MLA_SMALL_TPC", "1", 1),

@@ -159,6 +159,7 @@ def test_gemv_normed_matches_reference(n: int, lat: int, s: int, t: int, strided
     assert ok, msg
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("n,k,t", [(6288, 7168, 1), (7168, 1536, 2), (7168, 384, 1),
                                    (896, 7168, 4), (2304, 1536, 8)])
 def test_gemv_row_prefetch_changes_no_bit(n: int, k: int, t: int) -> None:

@@ -402,6 +402,7 @@ def test_mla_decode_takes_a_precomputed_q_lat_and_skips_absorb():
         mla_decode(**kw, kv_scale=ks, fused=True, counter=counter, q_lat=q_lat)
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("cache", ["fp8", "bf16"])
 @pytest.mark.parametrize("name,seq_lens,q", [
     ("b1_ctx1000", [1000], 1), ("b2_mixed", [5, 4096], 1), ("b3_short", [1, 2, 3], 1),
@@ -431,6 +432,7 @@ def test_mla_decode_four_tokens_per_combine_cta(name, seq_lens, q, cache):
     assert torch.equal(outs[4], outs[8]), "4-token CTAs changed bits"
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("seq_lens,q,nbytes", [([1000], 1, 12 << 20), ([5, 4096], 1, 1 << 30),
                                                ([64, 700], 2, 4096)])
 def test_mla_decode_combine_prefetch_changes_no_bit(seq_lens, q, nbytes):

@@ -275,6 +275,7 @@ def test_moe_deferred_norm_leaves_rows_and_partials(batch: int, passes: int) -> 
     assert ok, msg
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("batch,nbytes", [(1, 12 << 20), (2, 4096), (5, 1 << 30)])
 def test_moe_w13_upcoming_prefetch_changes_no_bit(batch: int, nbytes: int) -> None:
     """Extra w13 grid columns that bulk-prefetch the next kernel's weight (`upcoming`, the tail

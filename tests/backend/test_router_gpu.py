@@ -165,6 +165,7 @@ def test_router_with_front_projection(batch: int) -> None:
     assert ok, msg
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize(("experts", "batch", "top_k"), [(896, 1, 16), (896, 2, 16), (896, 9, 8),
                                                          (224, 64, 16), (896, 3, 32)])
 def test_router_rolled_rounds_give_the_same_routing(experts: int, batch: int, top_k: int) -> None:
@@ -186,6 +187,7 @@ def test_router_rolled_rounds_give_the_same_routing(experts: int, batch: int, to
     check(f"e{experts}/b{batch}/top{top_k}/rolled", inp, top_k, 1.5, rolled=True)
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize(("batch", "rolled"), [(1, False), (1, True), (2, True), (9, False)])
 def test_router_front_with_row_prefetch_is_bit_equal(batch: int, rolled: bool) -> None:
     """Router + front launch with every warp's weight row bulk-prefetched into L2 first

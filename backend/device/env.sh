@@ -1,9 +1,9 @@
-# Device side (the lent H200, no registry): `source scripts/device/env.sh` from the repo root
-# after a call that carried .gpu-kit and .gpu-wheels (scripts/device/prepare.sh builds them).
+# Device side (the lent H200, no registry): `source backend/device/env.sh` from the repo root
+# after a call that carried .gpu-kit and .gpu-wheels (backend/device/prepare.sh builds them).
 # Unpacks CuTe DSL, installs the carried wheels into /tmp/k3ft-site and puts both, the kit's
 # fla-core and the repo on PYTHONPATH. Idempotent within one machine's life.
 if [ ! -f .gpu-kit/cutedsl-4.8.1-cu13-cp312.tar.xz ]; then
-  echo "env.sh: .gpu-kit is missing: run scripts/device/prepare.sh here and carry .gpu-kit" >&2
+  echo "env.sh: .gpu-kit is missing: run backend/device/prepare.sh here and carry .gpu-kit" >&2
   return 1 2>/dev/null || exit 1
 fi
 if [ ! -d .gpu-site/nvidia_cutlass_dsl ]; then

@@ -1,10 +1,10 @@
 """A/B of executor knobs (environment variables of `backend.k3_decode.envs`) on the H200:
 per-layer and whole-step CUDA-graph time over interleaved rounds, every side alive throughout.
 
-    python3 benchmarks/ab_env.py K3_DECODE_ROUTER_ROLLED 0 1 --batches 1,2 --rounds 6 \
+    python3 benchmarks/bench_ab_env.py K3_DECODE_ROUTER_ROLLED 0 1 --batches 1,2 --rounds 6 \
         --json $OUT/ab_router_rolled.json
-    python3 benchmarks/ab_env.py K3_DECODE_ROUTER_ROLLED,K3_DECODE_GEMV_PREFETCH 0,0 1,1
-    python3 benchmarks/ab_env.py --each K3_DECODE_ROUTER_ROLLED=1 K3_DECODE_NEXT_PREFETCH_MB=12 \
+    python3 benchmarks/bench_ab_env.py K3_DECODE_ROUTER_ROLLED,K3_DECODE_GEMV_PREFETCH 0,0 1,1
+    python3 benchmarks/bench_ab_env.py --each K3_DECODE_ROUTER_ROLLED=1 K3_DECODE_NEXT_PREFETCH_MB=12 \
         --all --batches 1
 
 Two sides (`VAR A B`; several knobs: comma-separated names and as many values per side), or

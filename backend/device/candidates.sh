@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Device side, one call: are the opt-in kernel variants right, and do they pay in the executor?
-#   bash scripts/device/candidates.sh [KNOB=VALUE ...]   (default: every entry of CANDIDATES)
-# 1. the GPU tests of those variants (bitwise against the defaults, float64 references, the
-#    executor's whole step bit-equal with each knob on);
-# 2. benchmarks/ab_env.py --each: a reference with every knob off, each knob alone at VALUE,
+#   bash backend/device/candidates.sh [KNOB=VALUE ...]   (default: every entry of CANDIDATES)
+# 1. the GPU tests of the variants (pytest marker `variant`: bitwise against the defaults,
+#    float64 references, the executor's whole step bit-equal with each knob on);
+# 2. benchmarks/bench_ab_env.py --each: a reference with every knob off, each knob alone at VALUE,
 #    all of them together, in one process at 1 and 2 tokens (KDA + MoE and MLA + MoE layers,
 #    whole step); the table last, JSON and logs under $OUT.
-# Carry .gpu-kit and .gpu-wheels (scripts/device/prepare.sh). Not yet run on the H200; its two
+# Carry .gpu-kit and .gpu-wheels (backend/device/prepare.sh). Not yet run on the H200; its two
 # steps are cut at 240 s and 300 s so that the call ends inside the 600 s limit.
 set -uo pipefail
-source scripts/device/env.sh || exit 1
+source backend/device/env.sh || exit 1
 out=${OUT:-/tmp/k3ft-candidates}
 mkdir -p "$out"
 CANDIDATES=(K3_DECODE_ROUTER_ROLLED=1 K3_DECODE_GEMV_PREFETCH=1 K3_DECODE_MLA_SMALL_TPC=1
@@ -18,13 +18,10 @@ CANDIDATES=(K3_DECODE_ROUTER_ROLLED=1 K3_DECODE_GEMV_PREFETCH=1 K3_DECODE_MLA_SM
 pairs=("$@")
 [ ${#pairs[@]} -eq 0 ] && pairs=("${CANDIDATES[@]}")
 export K3FT_KERNEL_CASES=$out/candidate_cases.jsonl
-timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/backend/test_router_gpu.py \
-  tests/backend/test_gemv_gpu.py tests/backend/test_mla_gpu.py tests/backend/test_attn_res_gpu.py \
-  tests/backend/test_executor_gpu.py \
-  -k "rolled or prefetch or four_tokens or session10_variants" \
+timeout 240 python3 -m pytest -q -p no:cacheprovider -m "gpu and variant" tests/backend \
   > "$out/candidate_tests.txt" 2>&1
 echo "tests: $(tail -1 "$out/candidate_tests.txt")"
-timeout 300 python3 benchmarks/ab_env.py --each "${pairs[@]}" --all --batches 1,2 --rounds 6 \
+timeout 300 python3 benchmarks/bench_ab_env.py --each "${pairs[@]}" --all --batches 1,2 --rounds 6 \
   --json "$out/ab_candidates.json" > "$out/ab_candidates.md" 2> "$out/ab_candidates.log" \
   || echo "ab_env failed: $(tail -5 "$out/ab_candidates.log")"
 cat "$out/ab_candidates.md"

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Device side, one call: `k3ft validate` with the backend's profile on the lent H200, unsigned
 # (the signing key never leaves the CPU machine), the run folder packed under $OUT.
-#   bash scripts/device/validate.sh [PROFILE]   (default: k3-hopper; about 7-8 minutes)
+#   bash backend/device/validate.sh [PROFILE]   (default: k3-hopper; about 7-8 minutes)
 # Back on the CPU machine: `k3ft sign <run folder>`, then commit the bundle under bundles/
 # (bundles/README.md says what each committed bundle pins).
 set -uo pipefail
-source scripts/device/env.sh || exit 1
+source backend/device/env.sh || exit 1
 out=${OUT:-/tmp/k3ft-validate}
 mkdir -p "$out"
 rm -rf /tmp/k3run

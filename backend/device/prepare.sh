@@ -5,7 +5,7 @@
 #   .gpu-wheels/  the pure-Python packages k3ft and pytest need there and the device image lacks
 #                 (pydantic and its core for cp312, pytest and its deps), ~3 MiB
 # Both are git-ignored; name them in the device call's `carry`, then on the device:
-#   source scripts/device/env.sh
+#   source backend/device/env.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 kit_builder=${GPU_KIT_BUILDER:-../shared/device/build-gpu-kit}

@@ -1,4 +1,4 @@
-"""benchmarks/ab_env.py's command line on the CPU: a wrong knob or list is a usage error (exit 2,
+"""benchmarks/bench_ab_env.py's command line on the CPU: a wrong knob or list is a usage error (exit 2,
 one line naming the known knobs, no traceback), and without a GPU it says so instead of failing
 inside CUDA. Its measurements need the H200 (backend/NOTES.md)."""
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "benchmarks/ab_env.py", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "benchmarks/bench_ab_env.py", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, check=False,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin",
                                "CUDA_VISIBLE_DEVICES": ""})
@@ -60,9 +60,9 @@ def test_several_knobs_must_pair_with_values(args: tuple[str, ...], says: str) -
 def _module():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("ab_env", ROOT / "benchmarks" / "ab_env.py")
+    spec = importlib.util.spec_from_file_location("bench_ab_env", ROOT / "benchmarks" / "bench_ab_env.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["ab_env"] = mod  # its dataclass looks its module up by name
+    sys.modules["bench_ab_env"] = mod  # its dataclass looks its module up by name
     spec.loader.exec_module(mod)
     return mod
 
