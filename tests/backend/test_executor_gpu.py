@@ -454,11 +454,15 @@ def test_session10_variants_give_the_same_step(knob: str, value: str, reqs: int,
     absorb / combine CTAs, AttnRes block prefetch, next-weight prefetch CTAs in the AttnRes,
     w13 and combine launches) replays the whole
     step to the same logits, bit for bit, as the default executor, with the same kernel count
-    per MLA + MoE layer: none changes an operation's arithmetic or its order."""
+    per MLA + MoE layer: none changes an operation's arithmetic or its order. The knob must
+    also have taken effect: some kernel of that layer carries different compile-time values
+    in its name (a knob that silently did nothing would pass the bitwise check alone)."""
     monkeypatch.delenv(knob, raising=False)
     _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
     monkeypatch.setenv(knob, value)
     other = Executor(KernelOps(spec.weights.config, max_context=1024), spec.weights,
                      spec.caches.clone(), max_tokens=reqs)
     assert _same_replay(other, spec, inp, "executor_variant", f"{knob}={value}/r{reqs}-bitwise")
-    assert len(M.layer_kernels(other, 3, inp)) == len(M.layer_kernels(spec, 3, inp))
+    names_other, names_spec = M.layer_kernels(other, 3, inp), M.layer_kernels(spec, 3, inp)
+    assert len(names_other) == len(names_spec)
+    assert names_other != names_spec, f"{knob}={value} changed no kernel of the MLA + MoE layer"

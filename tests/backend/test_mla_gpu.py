@@ -438,8 +438,10 @@ def test_mla_decode_four_tokens_per_combine_cta(name, seq_lens, q, cache):
 def test_mla_decode_combine_prefetch_changes_no_bit(seq_lens, q, nbytes):
     """Extra combine grid columns that bulk-prefetch the next kernel's weight (`upcoming`, an
     o_proj at TP8: 7168 x 1536 bf16) leave the output bit-equal to the plain launch and the
-    weight untouched, with absorb launched and with a precomputed q_lat (the executor's path
-    at 1-2 tokens); against float64 too."""
+    weight untouched; against float64 too. This runs the build with absorb launched; the
+    executor's build at 1-2 tokens (q_lat from `mla_qb_absorb`, no absorb launch) with the same
+    columns is checked bit for bit by `test_session10_variants_give_the_same_step`
+    (``K3_DECODE_OPROJ_PREFETCH_MB``) and compiled by `test_compile_mla.py`."""
     from backend.k3_decode.ops.mla import mla_decode
 
     heads = 12

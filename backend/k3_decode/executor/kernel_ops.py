@@ -81,6 +81,22 @@ def torch_mla_prep(q_c: torch.Tensor, q_norm_w: torch.Tensor, q_out: torch.Tenso
     return q_out
 
 
+def first_read(upcoming: object) -> torch.Tensor | None:
+    """The weight this executor's first kernel of ``upcoming`` streams first: KDA's packed
+    in_proj, MLA's q_a|kv_a|gate rows, the dense gate_up as ``dense`` reads it (padded at
+    TP16), the router's gate (its CTAs lead the router + front launch); a tensor (the LM head)
+    is itself."""
+    if isinstance(upcoming, KdaWeights):
+        return upcoming.in_proj
+    if isinstance(upcoming, MlaWeights):
+        return upcoming.qkv_a_g
+    if isinstance(upcoming, DenseWeights):
+        return upcoming.padded()[0]
+    if isinstance(upcoming, MoeWeights):
+        return upcoming.gate_w
+    return upcoming if isinstance(upcoming, torch.Tensor) else None
+
+
 class KernelOps:
     """CuTe DSL implementation of every executor op (see the module docstring)."""
 
@@ -155,12 +171,14 @@ class KernelOps:
     def attn_res(self, prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
                  norm_w: torch.Tensor, proj_w: torch.Tensor, out_norm_w: torch.Tensor | None,
                  num_blocks: int, write_idx: int, out: torch.Tensor,
-                 upcoming: torch.Tensor | None = None) -> torch.Tensor:
+                 upcoming: object = None) -> torch.Tensor:
         """Fused AttnRes + RMSNorm kernel; with ``K3_DECODE_NEXT_PREFETCH_MB`` > 0 its extra
-        CTAs prefetch that many MiB of ``upcoming`` (the next kernel's weight) into L2."""
+        CTAs prefetch that many MiB of what the next kernel reads first (``first_read`` of
+        ``upcoming``, the next sublayer's weights or the LM head) into L2."""
         eps = self.cfg.rms_eps
+        nxt = first_read(upcoming) if self._next_prefetch_bytes else None
         return self._attn_res(prefix, delta, blocks, norm_w, proj_w, out_norm_w, num_blocks,
-                              write_idx, eps=eps, out_eps=eps, out=out, upcoming=upcoming,
+                              write_idx, eps=eps, out_eps=eps, out=out, upcoming=nxt,
                               upcoming_bytes=self._next_prefetch_bytes)
 
     def kda(self, w: KdaWeights, h: torch.Tensor, cache: KdaCache, inp: StepInputs,

@@ -33,6 +33,11 @@ from backend.k3_decode.executor.weights import (
 )
 
 
+Upcoming = KdaWeights | MlaWeights | DenseWeights | MoeWeights | torch.Tensor | None
+"""What runs right after an AttnRes: the next sublayer's weights (or the LM head); an
+implementation may prefetch what its first kernel reads (``KernelOps``) or ignore it."""
+
+
 class Ops(Protocol):
     """What an executor implements (see ``TorchOps`` for the semantics of each)."""
 
@@ -42,7 +47,7 @@ class Ops(Protocol):
     def attn_res(self, prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
                  norm_w: torch.Tensor, proj_w: torch.Tensor, out_norm_w: torch.Tensor | None,
                  num_blocks: int, write_idx: int, out: torch.Tensor,
-                 upcoming: torch.Tensor | None = None) -> Any: ...
+                 upcoming: Upcoming = None) -> Any: ...
     def kda(self, w: KdaWeights, h: torch.Tensor, cache: Any, inp: StepInputs,
             out: torch.Tensor) -> Any: ...
     def mla(self, w: MlaWeights, h: torch.Tensor, cache: Any, inp: StepInputs,
@@ -85,19 +90,6 @@ def _attention(ops: Ops, layer: LayerWeights, h: torch.Tensor, caches: DecodeCac
         ops.mla(layer.attn, h, caches.mla[layer.index], inp, out)
 
 
-def first_weight(w: KdaWeights | MlaWeights | DenseWeights | MoeWeights) -> torch.Tensor:
-    """The weight the sublayer's first kernel streams first (what an AttnRes before it may
-    prefetch): KDA's packed in_proj, MLA's q_a|kv_a|gate rows, the dense gate_up, the MoE
-    router's gate (the router CTAs of the router + front launch come first)."""
-    if isinstance(w, KdaWeights):
-        return w.in_proj
-    if isinstance(w, MlaWeights):
-        return w.qkv_a_g
-    if isinstance(w, DenseWeights):
-        return w.gate_up
-    return w.gate_w
-
-
 def layer_step(ops: Ops, layer: LayerWeights, caches: DecodeCaches, inp: StepInputs,
                ws: Workspace, t: int, first: bool, block: int) -> None:
     """One decoder layer on the first ``t`` rows of the workspace (delta: ``ws.ffn``)."""
@@ -107,12 +99,12 @@ def layer_step(ops: Ops, layer: LayerWeights, caches: DecodeCaches, inp: StepInp
     prefix, blocks = ws.prefix[:t], ws.blocks[:t]
     delta = None if first else ws.ffn[:t]
     ops.attn_res(prefix, delta, blocks, ar.attn_res_norm, ar.attn_res_proj, ar.input_norm,
-                 prev, i // block if write else -1, ws.h[:t], upcoming=first_weight(layer.attn))
+                 prev, i // block if write else -1, ws.h[:t], upcoming=layer.attn)
     attn_out = prefix if write else ws.attn[:t]  # a block-write layer restarts the prefix
     _attention(ops, layer, ws.h[:t], caches, inp, attn_out)
     ops.attn_res(prefix, None if write else attn_out, blocks, ar.mlp_res_norm, ar.mlp_res_proj,
                  ar.post_attn_norm, prev + int(write), -1, ws.h[:t],
-                 upcoming=first_weight(layer.ffn))
+                 upcoming=layer.ffn)
     if isinstance(layer.ffn, DenseWeights):
         ops.dense(layer.ffn, ws.h[:t], ws.ffn[:t])
     else:

@@ -107,9 +107,9 @@ class TorchOps:
     def attn_res(self, prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
                  norm_w: torch.Tensor, proj_w: torch.Tensor, out_norm_w: torch.Tensor | None,
                  num_blocks: int, write_idx: int, out: torch.Tensor,
-                 upcoming: torch.Tensor | None = None) -> torch.Tensor:
+                 upcoming: object = None) -> torch.Tensor:
         """AttnRes (prefix update, block write, softmax mix) + the sublayer's input RMSNorm
-        (``upcoming``, the next kernel's weight, is a prefetch hint: unused here)."""
+        (``upcoming``, what runs next, is a prefetch hint: unused here)."""
         eps = self.cfg.rms_eps
         if delta is not None:
             prefix.copy_(prefix.to(self.cd) + delta.to(self.cd))
