@@ -32,7 +32,6 @@ from backend.k3_decode.executor.weights import (
     MoeWeights,
 )
 
-
 Upcoming = KdaWeights | MlaWeights | DenseWeights | MoeWeights | torch.Tensor | None
 """What runs right after an AttnRes: the next sublayer's weights (or the LM head); an
 implementation may prefetch what its first kernel reads (``KernelOps``) or ignore it."""
