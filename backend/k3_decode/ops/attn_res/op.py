@@ -114,7 +114,8 @@ def compile_attn_res(key: AttnResKey, extra_options: str = ""):
             + [fake_ptr(cutlass.Uint8), i64(0)])
     return cute.compile(attn_res_launch, *args, cuda.CUstream(0), key.hidden, key.num_blocks,
                         key.has_delta, key.write_block, key.out_norm, key.eps, key.out_eps,
-                        key.prefetch, key.pf_ctas, options=f"--gpu-arch {key.arch} {extra_options}".strip())
+                        key.prefetch, key.pf_ctas,
+                        options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
 def attn_res_norm(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,

@@ -478,15 +478,14 @@ def combine_kernel(o_part: cute.Pointer, lse_part: cute.Pointer, w_uv: cute.Poin
     has ``pf_x`` more head columns whose CTAs only bulk-prefetch equal shares of ``[pf, pf +
     pf_bytes)`` (the o_proj weight's first rows) into L2 and exit."""
     h, tg, cb = cute.arch.block_idx()
+    prefetching = False  # compile-time False without prefetch columns: no test in the kernel
     if cutlass.const_expr(pf_x > 0):
-        if h >= n_heads:
-            _, gy, gz = cute.arch.grid_dim()
-            tid, _, _ = cute.arch.thread_idx()
-            prefetch_share(pf, pf_bytes, (((h - n_heads) * gy + tg) * gz + cb) * COMBINE_THREADS
-                           + tid, pf_x * gy * gz * COMBINE_THREADS)
-        else:
-            combine_body(h, tg, cb, o_part, lse_part, w_uv, gate, kv_scale, out, n_tokens,
-                         n_heads, gate_ts, n_splits, tokens_per_cta, pdl)
+        prefetching = h >= n_heads
+    if prefetching:
+        _, gy, gz = cute.arch.grid_dim()
+        tid, _, _ = cute.arch.thread_idx()
+        prefetch_share(pf, pf_bytes, (((h - n_heads) * gy + tg) * gz + cb) * COMBINE_THREADS
+                       + tid, pf_x * gy * gz * COMBINE_THREADS)
     else:
         combine_body(h, tg, cb, o_part, lse_part, w_uv, gate, kv_scale, out, n_tokens, n_heads,
                      gate_ts, n_splits, tokens_per_cta, pdl)
