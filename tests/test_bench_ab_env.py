@@ -82,14 +82,14 @@ def test_env_set_restores_every_knob(monkeypatch) -> None:
 
 def test_each_builds_a_reference_one_side_per_knob_and_all() -> None:
     mod = _module()
-    args = mod.parse_args(["--each", "K3_DECODE_ROUTER_ROLLED=1", "K3_DECODE_NEXT_PREFETCH_MB=12",
+    args = mod.parse_args(["--each", "K3_DECODE_MOE_H2=1", "K3_DECODE_NEXT_PREFETCH_MB=12",
                            "--all"])
-    zeros = {"K3_DECODE_ROUTER_ROLLED": "0", "K3_DECODE_NEXT_PREFETCH_MB": "0"}
+    zeros = {"K3_DECODE_MOE_H2": "0", "K3_DECODE_NEXT_PREFETCH_MB": "0"}
     assert args.sides == [
         mod.Side("ref", zeros),
-        mod.Side("K3_DECODE_ROUTER_ROLLED", {**zeros, "K3_DECODE_ROUTER_ROLLED": "1"}),
+        mod.Side("K3_DECODE_MOE_H2", {**zeros, "K3_DECODE_MOE_H2": "1"}),
         mod.Side("K3_DECODE_NEXT_PREFETCH_MB", {**zeros, "K3_DECODE_NEXT_PREFETCH_MB": "12"}),
-        mod.Side("all", {"K3_DECODE_ROUTER_ROLLED": "1", "K3_DECODE_NEXT_PREFETCH_MB": "12"})]
+        mod.Side("all", {"K3_DECODE_MOE_H2": "1", "K3_DECODE_NEXT_PREFETCH_MB": "12"})]
     two = mod.parse_args(["K3_DECODE_ROUTER_ROLLED,K3_DECODE_GEMV_PREFETCH", "0,0", "1,1"])
     assert [s.env for s in two.sides] == [
         {"K3_DECODE_ROUTER_ROLLED": "0", "K3_DECODE_GEMV_PREFETCH": "0"},
@@ -98,13 +98,14 @@ def test_each_builds_a_reference_one_side_per_knob_and_all() -> None:
 
 @pytest.mark.parametrize(("args", "says"), [
     (("--each", "K3_DECODE_ROUTER_ROLLED"), "--each takes NAME=VALUE"),
-    (("--each", "K3_DECODE_ROUTER_ROLLED=0"), "0 is the reference value"),
-    (("--each", "K3_DECODE_ROUTER_ROLLED=1", "K3_DECODE_ROUTER_ROLLED=1"), "names a knob twice"),
+    (("--each", "K3_DECODE_MOE_H2=0"), "0 is the reference value"),
+    (("--each", "K3_DECODE_MOE_H2=1", "K3_DECODE_MOE_H2=1"), "names a knob twice"),
     (("K3_DECODE_ROUTER_ROLLED", "0", "1", "--each", "K3_DECODE_GEMV_PREFETCH=1"),
      "either VAR A B or --each"),
     (("K3_DECODE_ROUTER_ROLLED", "0", "1", "--all"), "--all goes with --each"),
     (("K3_DECODE_ROUTER_ROLLED", "0"), "give VAR A B"),
     (("--each", "K3_DECODE_MLA_QB=1"), "K3_DECODE_MLA_QB is not off at 0 by default"),
+    (("--each", "K3_DECODE_ROUTER_ROLLED=1"), "K3_DECODE_ROUTER_ROLLED is not off at 0 by default"),
     (("--each", "K3_DECODE_MOE_NORM=w2"), "K3_DECODE_MOE_NORM is not off at 0 by default"),
 ])
 def test_each_mode_usage_errors(args: tuple[str, ...], says: str) -> None:
@@ -128,7 +129,7 @@ def test_comparison_plumbing_on_the_cpu(monkeypatch, capsys) -> None:
     seen, order = [], []
 
     def fake_ops(cfg, max_context=None):
-        seen.append((os.environ.get("K3_DECODE_ROUTER_ROLLED"),
+        seen.append((os.environ.get("K3_DECODE_MOE_H2"),
                      os.environ.get("K3_DECODE_NEXT_PREFETCH_MB")))
         return TorchOps(cfg)
 
@@ -146,16 +147,16 @@ def test_comparison_plumbing_on_the_cpu(monkeypatch, capsys) -> None:
     monkeypatch.setattr(mod.M, "layer_kernel_times", lambda ex, pos, inp: [(f"k{pos}", 1.5)])
     monkeypatch.setattr(mod.M, "layer_graph", lambda ex, pos, inp: (pos, id(ex)))
     monkeypatch.setattr(mod.M, "graph_us", fake_graph_us)
-    monkeypatch.delenv("K3_DECODE_ROUTER_ROLLED", raising=False)
+    monkeypatch.delenv("K3_DECODE_MOE_H2", raising=False)
     monkeypatch.delenv("K3_DECODE_NEXT_PREFETCH_MB", raising=False)
-    args = mod.parse_args(["--each", "K3_DECODE_ROUTER_ROLLED=1", "K3_DECODE_NEXT_PREFETCH_MB=12",
+    args = mod.parse_args(["--each", "K3_DECODE_MOE_H2=1", "K3_DECODE_NEXT_PREFETCH_MB=12",
                            "--all", "--rounds", "3"])
     cfg = tiny_config()
     w = random_model(cfg, 4, seed=1)
     keep: list = []
     row = mod.compare_batch(args.sides, cfg, w, 2, 64, [1, 3], 3, keep)
     assert seen == [("0", "0"), ("1", "0"), ("0", "12"), ("1", "12")]
-    assert "K3_DECODE_ROUTER_ROLLED" not in os.environ
+    assert "K3_DECODE_MOE_H2" not in os.environ
     assert len(keep) == 4  # every side stays alive for the caller
     ids = [id(b["executor"]) for b in keep]
     per_side = 3  # two layers and the step
@@ -165,13 +166,13 @@ def test_comparison_plumbing_on_the_cpu(monkeypatch, capsys) -> None:
     ref = row["sides"]["ref"]
     assert ref["logits_bit_equal"] and ref["top1_equal"] and ref["logits_max_abs_diff"] == 0
     assert row["sides"]["all"]["logits_bit_equal"]  # torch ops ignore the knobs
-    assert row["sides"]["K3_DECODE_ROUTER_ROLLED"]["layers"]["MLA + MoE"]["graph_us"] == 2.0
+    assert row["sides"]["K3_DECODE_MOE_H2"]["layers"]["MLA + MoE"]["graph_us"] == 2.0
     assert ref["layers"]["KDA + MoE"]["kernels"] == ["k1"]
     assert row["sides"]["all"]["step"]["graph_us_rounds"] == [10.0] * 3
     mod.print_table({"sides": [{"label": s.label, "env": s.env} for s in args.sides],
                      "rounds": 3, "rows": [row]})
     text = capsys.readouterr().out
-    assert "| what | ref | K3_DECODE_ROUTER_ROLLED | K3_DECODE_NEXT_PREFETCH_MB | all |" in text
+    assert "| what | ref | K3_DECODE_MOE_H2 | K3_DECODE_NEXT_PREFETCH_MB | all |" in text
     assert "| MLA + MoE | 2.0 [1.5] | 2.0 (+0.0%) [1.5] |" in text
     assert "| whole step | 10.0 | 10.0 (+0.0%) |" in text
     assert "| logits vs reference | bit-equal | bit-equal | bit-equal | bit-equal |" in text

@@ -1,29 +1,32 @@
 #!/usr/bin/env bash
 # Device side, one call: are the opt-in kernel variants right, and do they pay in the executor?
 #   bash backend/device/candidates.sh [KNOB=VALUE ...]   (default: every entry of CANDIDATES)
+#   CANDIDATE_TESTS_K: a pytest -k expression for step 1 (default: every variant test);
+#   CANDIDATE_BATCHES: step 2's batches (default 1,2).
 # 1. the GPU tests of the variants (pytest marker `variant`: bitwise against the defaults,
 #    float64 references, the executor's whole step bit-equal with each knob on);
 # 2. benchmarks/bench_ab_env.py --each: a reference with every knob off, each knob alone at VALUE,
 #    all of them together, in one process at 1 and 2 tokens (KDA + MoE and MLA + MoE layers,
 #    whole step); the table last, JSON and logs under $OUT.
-# Carry .gpu-kit and .gpu-wheels (backend/device/prepare.sh). Not yet run on the H200; its two
-# steps are cut at 260 s and 300 s so that the call ends inside the 600 s limit.
+# Carry .gpu-kit and .gpu-wheels (backend/device/prepare.sh). Its two steps are cut at 260 s
+# and 300 s so that the call ends inside the 600 s limit (first H200 run: 284 s, session 11).
 set -uo pipefail
 source backend/device/env.sh || exit 1
 out=${OUT:-/tmp/k3ft-candidates}
 mkdir -p "$out"
-CANDIDATES=(K3_DECODE_ROUTER_ROLLED=1 K3_DECODE_GEMV_PREFETCH=1 K3_DECODE_MLA_SMALL_TPC=1
+CANDIDATES=(K3_DECODE_GEMV_PREFETCH=1
             K3_DECODE_ATTNRES_PREFETCH=1 K3_DECODE_NEXT_PREFETCH_MB=12
-            K3_DECODE_TAIL_PREFETCH_MB=16 K3_DECODE_OPROJ_PREFETCH_MB=16)
+            K3_DECODE_TAIL_PREFETCH_MB=16 K3_DECODE_OPROJ_PREFETCH_MB=16 K3_DECODE_MOE_H2=1)
 pairs=("$@")
 [ ${#pairs[@]} -eq 0 ] && pairs=("${CANDIDATES[@]}")
 export K3FT_KERNEL_CASES=$out/candidate_cases.jsonl
 # op-level tests first, the executor's (heavier: whole models, every kernel compiled) last
 timeout 260 python3 -m pytest -q -p no:cacheprovider -m "gpu and variant" \
+  ${CANDIDATE_TESTS_K:+-k "$CANDIDATE_TESTS_K"} \
   tests/backend/test_{router,gemv,attn_res,moe,mla,executor}_gpu.py \
   > "$out/candidate_tests.txt" 2>&1
 echo "tests: $(tail -1 "$out/candidate_tests.txt")"
-timeout 300 python3 benchmarks/bench_ab_env.py --each "${pairs[@]}" --all --batches 1,2 --rounds 6 \
+timeout 300 python3 benchmarks/bench_ab_env.py --each "${pairs[@]}" --all --batches "${CANDIDATE_BATCHES:-1,2}" --rounds 6 \
   --json "$out/ab_candidates.json" > "$out/ab_candidates.md" 2> "$out/ab_candidates.log" \
   || echo "ab_env failed: $(tail -5 "$out/ab_candidates.log")"
 cat "$out/ab_candidates.md"

@@ -32,18 +32,20 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # "0": the router and the MoE front projection are two launches at every batch (default: one
     # launch at 1-2 tokens).
     "K3_DECODE_ROUTER_FRONT": lambda: os.environ.get("K3_DECODE_ROUTER_FRONT", "1") != "0",
-    # "1": the router's top-k rounds compile as a loop instead of 16 unrolled copies (same
-    # result, a sixteenth of the selection's code; NOTES.md session 10). Off until timed on the
-    # H200 inside a layer step.
-    "K3_DECODE_ROUTER_ROLLED": lambda: os.environ.get("K3_DECODE_ROUTER_ROLLED", "0") == "1",
+    # The router's top-k rounds compile as a loop instead of 16 unrolled copies (same bits, a
+    # sixteenth of the selection's code). Default since session 11 (H200, router + front
+    # kernel: 1 token 25.0 -> 24.5-26.0 us, i.e. within noise; 2 tokens 28.7 -> 23.2; 8 tokens
+    # 43.1 -> 28.1; NOTES.md). "0": the unrolled rounds.
+    "K3_DECODE_ROUTER_ROLLED": lambda: os.environ.get("K3_DECODE_ROUTER_ROLLED", "1") != "0",
     # "1": every warp of the plain SIMT GEMV and of the router + front launch (not gemv_normed,
     # not mla_qb) first bulk-prefetches its whole weight row into L2 (`cp.async.bulk.prefetch`), so the row is requested from DRAM
     # at once (NOTES.md session 10). Off until timed on the H200.
     "K3_DECODE_GEMV_PREFETCH": lambda: os.environ.get("K3_DECODE_GEMV_PREFETCH", "0") == "1",
-    # "1": at 1-4 tokens the MLA decode's absorb / combine CTAs take 4 tokens instead of 8
+    # At 1-4 tokens the MLA decode's absorb / combine CTAs take 4 tokens instead of 8
     # (`Tiling(tokens_per_cta=4)`: at one token combine's W_UV loop runs for 3 padding tokens
-    # fewer; same bits). Off until timed on the H200 (NOTES.md session 10).
-    "K3_DECODE_MLA_SMALL_TPC": lambda: os.environ.get("K3_DECODE_MLA_SMALL_TPC", "0") == "1",
+    # fewer; same bits). Default since session 11 (H200: combine 5.5 -> 4.4 us at 1 token,
+    # 7.7 -> 6.2 at 2; NOTES.md). "0": 8-token CTAs at every batch.
+    "K3_DECODE_MLA_SMALL_TPC": lambda: os.environ.get("K3_DECODE_MLA_SMALL_TPC", "1") != "0",
     # "1": the AttnRes kernel first bulk-prefetches the saved block rows it will mix into L2
     # (their loads wait behind a CTA reduction each). Off until timed (NOTES.md session 10).
     "K3_DECODE_ATTNRES_PREFETCH": lambda: os.environ.get("K3_DECODE_ATTNRES_PREFETCH",
@@ -61,6 +63,11 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # the o_proj weight into L2 (attention and combine leave DRAM nearly idle at short
     # contexts). Off ("0") until timed (NOTES.md session 10).
     "K3_DECODE_OPROJ_PREFETCH_MB": lambda: _mib("K3_DECODE_OPROJ_PREFETCH_MB"),
+    # "1": the SIMT w13 of the routed experts multiplies and sums each 32-value chunk in f16x2
+    # (x staged as f16, a power-of-two scale per chunk; fp32 across chunks): ~20% fewer
+    # instructions where w13 is issue-bound at 1-2 tokens, f16 rounding inside a chunk. Off
+    # until timed on the H200 (NOTES.md session 11).
+    "K3_DECODE_MOE_H2": lambda: os.environ.get("K3_DECODE_MOE_H2", "0") == "1",
     # "1": the SIMT GEMVs (1-2 rows, and 3-4 rows of few long weight rows) are programmatic
     # dependent launches: their first weight loads go out while the previous kernel runs (each
     # kernel that can precede a GEMV signals `griddepcontrol.launch_dependents` at its start).

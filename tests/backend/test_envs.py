@@ -30,12 +30,15 @@ def test_prefetch_mib_refuses(knob, raw, monkeypatch) -> None:
         _ = getattr(envs, knob)
 
 
-@pytest.mark.parametrize("knob", ["K3_DECODE_ROUTER_ROLLED", "K3_DECODE_GEMV_PREFETCH",
-                                  "K3_DECODE_MLA_SMALL_TPC", "K3_DECODE_ATTNRES_PREFETCH"])
-def test_candidate_switches_are_off_unless_one(knob, monkeypatch) -> None:
-    """The session-10 variants stay off by default and for anything but "1"."""
+@pytest.mark.parametrize(("knob", "default"), [
+    ("K3_DECODE_GEMV_PREFETCH", False), ("K3_DECODE_ATTNRES_PREFETCH", False),
+    ("K3_DECODE_MOE_H2", False), ("K3_DECODE_ROUTER_ROLLED", True),
+    ("K3_DECODE_MLA_SMALL_TPC", True)])
+def test_variant_switches(knob, default, monkeypatch) -> None:
+    """Opt-in variants are on only at "1"; the ones made defaults in session 11 (rolled router
+    rounds, 4-token MLA CTAs) are on unless "0"."""
     monkeypatch.delenv(knob, raising=False)
-    assert getattr(envs, knob) is False
-    for raw, want in (("1", True), ("0", False), ("yes", False)):
+    assert getattr(envs, knob) is default
+    for raw in ("1", "0", "yes"):
         monkeypatch.setenv(knob, raw)
-        assert getattr(envs, knob) is want
+        assert getattr(envs, knob) is (raw == "1" if not default else raw != "0")

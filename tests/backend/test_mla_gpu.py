@@ -402,15 +402,14 @@ def test_mla_decode_takes_a_precomputed_q_lat_and_skips_absorb():
         mla_decode(**kw, kv_scale=ks, fused=True, counter=counter, q_lat=q_lat)
 
 
-@pytest.mark.variant
 @pytest.mark.parametrize("cache", ["fp8", "bf16"])
 @pytest.mark.parametrize("name,seq_lens,q", [
     ("b1_ctx1000", [1000], 1), ("b2_mixed", [5, 4096], 1), ("b3_short", [1, 2, 3], 1),
     ("q2_r2", [64, 700], 2), ("b9_mixed", [9, 1, 4096, 300, 77, 2, 1000, 64, 5], 1)])
 def test_mla_decode_four_tokens_per_combine_cta(name, seq_lens, q, cache):
     """Absorb / combine CTAs of 4 tokens (``Tiling(tokens_per_cta=4)``, the executor's choice
-    at <= 4 tokens with ``K3_DECODE_MLA_SMALL_TPC=1``) against float64, and bit-equal to the
-    default 8-token CTAs (the same per-token sums in the same order; only the grouping of
+    at <= 4 tokens, default since session 11; ``K3_DECODE_MLA_SMALL_TPC=0`` turns it off)
+    against float64, and bit-equal to the 8-token CTAs (the same per-token sums in the same order; only the grouping of
     tokens into CTAs changes); poisoned outputs, 9 tokens give a partly filled last group."""
     from backend.k3_decode.ops.mla import mla_decode
     from backend.k3_decode.ops.mla.compile import Tiling

@@ -165,11 +165,11 @@ def test_router_with_front_projection(batch: int) -> None:
     assert ok, msg
 
 
-@pytest.mark.variant
 @pytest.mark.parametrize(("experts", "batch", "top_k"), [(896, 1, 16), (896, 2, 16), (896, 9, 8),
                                                          (224, 64, 16), (896, 3, 32)])
 def test_router_rolled_rounds_give_the_same_routing(experts: int, batch: int, top_k: int) -> None:
-    """The top-k rounds compiled as a loop (`rolled=True`, ``K3_DECODE_ROUTER_ROLLED=1``) pick the
+    """The top-k rounds compiled as a loop (`rolled=True`: the executor's default since session
+    11; ``K3_DECODE_ROUTER_ROLLED=0`` unrolls them) pick the
     same ids in the same order and the same weights, bit for bit, as the unrolled rounds, and
     both agree with the references in `check`; with exact ties among the picks too."""
     inp = make_inputs(batch, experts, seed=90 + batch + top_k)

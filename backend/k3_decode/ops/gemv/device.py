@@ -41,6 +41,15 @@ def f16_hi(v, *, loc=None, ip=None) -> F32:
 
 
 @dsl_user_op
+def hfma2(a, b, c, *, loc=None, ip=None) -> U32:
+    """``a * b + c`` on f16x2 words (`fma.rn.f16x2`: f16 products and sums, subnormals kept)."""
+    args = [U32(v).ir_value(loc=loc, ip=ip) for v in (a, b, c)]
+    return U32(llvm.inline_asm(T.i32(), args, "fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r",
+                               has_side_effects=False, is_align_stack=False,
+                               asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
+@dsl_user_op
 def bits_f32(v, *, loc=None, ip=None) -> F32:
     """Reinterpret 32 bits as an f32."""
     return _asm_f32(BITS_F32, v, loc, ip)

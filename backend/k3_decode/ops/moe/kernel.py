@@ -50,6 +50,7 @@ from backend.k3_decode.ops.gemv.device import (
     f16_hi,
     f16_lo,
     flat,
+    hfma2,
     prefetch_share,
     situ,
     smem_vec,
@@ -144,13 +145,89 @@ def _stage_row_f32(src: cute.Pointer, xs: cute.Tensor, n: cutlass.Constexpr, bas
                     xs[o + e] = r[e]
 
 
+def _h2_slot(c, q):
+    """Where word q (values 8q .. 8q + 7) of chunk c of the f16 x sits, in 16-byte units: the
+    16 lanes of a half-warp read chunks c .. c + 15 at the same q, and each 8-lane phase of a
+    128-bit shared load then covers all 32 banks."""
+    return 4 * c + (q ^ ((c >> 1) & 3))
+
+
+@cute.jit
+def _stage_row_f16s(src: cute.Pointer, xh: cute.Tensor, kinv: cute.Tensor,
+                    n: cutlass.Constexpr, threads: cutlass.Constexpr, tid):
+    """Threads 0..threads-1 stage n bf16 values as f16, each 32-value chunk c scaled by its own
+    2^k (k from the chunk's largest exponent, so that |x| * 2^k < 2^15: no f16 overflow, and
+    every value within 2^-28 of the chunk's largest keeps its bf16 bits); kinv[c] = 2^-k.
+    Four consecutive lanes hold a chunk (8 values each) and agree on k by two shuffles. Word q
+    of chunk c goes to `_h2_slot(c, q)` in the order x0 x4 x1 x5 x2 x6 x3 x7, so f16x2 word j
+    is (x_j, x_j+4), the pair `e2m1_pair(w, j)` decodes."""
+    nv = n // 8
+    cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), U32, num_bits_per_copy=128)
+    cps = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), F16, num_bits_per_copy=128)
+    for it in cutlass.range_constexpr((nv + threads - 1) // threads):
+        v = tid + it * threads
+        words = cute.make_rmem_tensor((4,), U32)
+        for q in cutlass.range_constexpr(4):
+            words[q] = U32(0)
+        if v < nv:
+            cute.copy(cp, vec(src + v * 8, U32, 4, 16), words)
+        emax = I32(0)
+        for q in cutlass.range_constexpr(4):
+            emax = cutlass.max(emax, ((words[q] >> U32(7)) & U32(0xFF)).to(I32))
+            emax = cutlass.max(emax, ((words[q] >> U32(23)) & U32(0xFF)).to(I32))
+        # the 4 lanes of a chunk are in or out together (nv and threads are multiples of 4)
+        emax = cutlass.max(emax, cute.arch.shuffle_sync_bfly(emax, 1))
+        emax = cutlass.max(emax, cute.arch.shuffle_sync_bfly(emax, 2))
+        fexp = cutlass.min(cutlass.max(I32(268) - emax, I32(1)), I32(253))  # 2^(141 - e)
+        f = bits_f32(fexp.to(U32) << U32(23))
+        if v < nv:
+            c = v // 4
+            q = v - 4 * c
+            o = cute.make_rmem_tensor((8,), F16)
+            for j in cutlass.range_constexpr(4):
+                wj = words[j // 2]
+                wk = words[j // 2 + 2]
+                xj = bits_f32(wj << U32(16)) if j % 2 == 0 else bits_f32(wj & U32(0xFFFF0000))
+                xk = bits_f32(wk << U32(16)) if j % 2 == 0 else bits_f32(wk & U32(0xFFFF0000))
+                o[2 * j] = (xj * f).to(F16)
+                o[2 * j + 1] = (xk * f).to(F16)
+            sp = cute.make_ptr(F16, (xh.iterator + _h2_slot(c, q) * 8).toint(),
+                               cute.AddressSpace.smem, assumed_align=16)
+            cute.copy(cps, o, cute.make_tensor(sp, cute.make_layout((8,))))
+            if q == 0:
+                kinv[c] = bits_f32((I32(254) - fexp).to(U32) << U32(23))
+
+
+@cute.jit
+def _chunk_dot_h2(words: cute.Tensor, i: cutlass.Constexpr, xh: cute.Tensor, c) -> F32:
+    """`_chunk_dot` on f16x2: one `fma.rn.f16x2` per decoded pair against the staged f16 x
+    (two chains of 8), the chunk's sum to fp32 once; times 2^k of the chunk's x (the caller
+    applies kinv[c] with the block scale)."""
+    cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), U32, num_bits_per_copy=128)
+    acc = [U32(0), U32(0)]
+    for q in cutlass.range_constexpr(4):
+        xr = cute.make_rmem_tensor((4,), U32)
+        sp = cute.make_ptr(U32, (xh.iterator + _h2_slot(c, q) * 8).toint(),
+                           cute.AddressSpace.smem, assumed_align=16)
+        cute.copy(cp, cute.make_tensor(sp, cute.make_layout((4,))), xr)
+        for j in cutlass.range_constexpr(4):
+            acc[q % 2] = hfma2(e2m1_pair(words[q, i], j), xr[j], acc[q % 2])
+    both = hfma2(acc[0], U32(0x3C003C00), acc[1])  # acc0 * 1.0 + acc1
+    return f16_lo(both) + f16_hi(both)
+
+
 @cute.kernel
 def moe_w13_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: cute.Pointer,
                    act: cute.Pointer, ld_z: I64, pf: cute.Pointer, pf_bytes: I64,
                    latent: cutlass.Constexpr, inter: cutlass.Constexpr,
                    top_k: cutlass.Constexpr, n_exp: cutlass.Constexpr, beta: cutlass.Constexpr,
-                   linear_beta: cutlass.Constexpr, pf_x: cutlass.Constexpr):
+                   linear_beta: cutlass.Constexpr, pf_x: cutlass.Constexpr,
+                   h2: cutlass.Constexpr = False):
     """Gate/up GEMV of one token-expert pair over 8 intermediate rows, then SiTU-GLU.
+
+    ``h2``: products and the 32-value chunk sums in f16x2 (`_chunk_dot_h2`: x staged as f16
+    with a power-of-two scale per chunk) instead of fp32; about a third fewer instructions per
+    weight value, f16 rounding inside each chunk (fp32 across chunks).
 
     ``pf_x`` > 0: the grid has ``pf_x`` more columns; their CTAs only bulk-prefetch equal shares
     of ``[pf, pf + pf_bytes)`` (the tail projection's first weight rows) into L2 and exit, so
@@ -167,7 +244,7 @@ def moe_w13_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: c
                        + tid, pf_x * gy * (W13_WARPS * 32))
     else:
         _w13_pair_rows(z, ids, w13, s13, act, ld_z, jb, p, latent, inter, top_k, n_exp, beta,
-                       linear_beta)
+                       linear_beta, h2)
 
 
 @cute.jit
@@ -175,7 +252,7 @@ def _w13_pair_rows(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: c
                    act: cute.Pointer, ld_z: I64, jb: I32, p: I32, latent: cutlass.Constexpr,
                    inter: cutlass.Constexpr, top_k: cutlass.Constexpr,
                    n_exp: cutlass.Constexpr, beta: cutlass.Constexpr,
-                   linear_beta: cutlass.Constexpr):
+                   linear_beta: cutlass.Constexpr, h2: cutlass.Constexpr = False):
     """CTA (jb, p) of `moe_w13_kernel`: rows jb * 8 .. of token-expert pair p."""
     lane = cute.arch.lane_idx()
     warp = cute.arch.warp_idx()
@@ -194,9 +271,15 @@ def _w13_pair_rows(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: c
     _load_chunks(w13 + row0 * (latent // 2), s13 + row0 * (latent // CHUNK), hl, 16, per_lane,
                  words[0], scales[0])
     smem = SmemAllocator()
-    xs = smem.allocate_tensor(F32, cute.make_layout((latent,)), byte_alignment=16)
-    _stage_row_f32(z + tok.to(I64) * ld_z, xs, latent, 0, W13_WARPS * 32, True,
-                   cute.arch.thread_idx()[0])
+    if cutlass.const_expr(h2):
+        xs = smem.allocate_tensor(F16, cute.make_layout((latent,)), byte_alignment=16)
+        kinv = smem.allocate_tensor(F32, cute.make_layout((latent // CHUNK,)), byte_alignment=16)
+        _stage_row_f16s(z + tok.to(I64) * ld_z, xs, kinv, latent, W13_WARPS * 32,
+                        cute.arch.thread_idx()[0])
+    else:
+        xs = smem.allocate_tensor(F32, cute.make_layout((latent,)), byte_alignment=16)
+        _stage_row_f32(z + tok.to(I64) * ld_z, xs, latent, 0, W13_WARPS * 32, True,
+                       cute.arch.thread_idx()[0])
     cute.arch.barrier()
     for jj in cutlass.range_constexpr(rows_per_warp):
         j = j0 + jj
@@ -207,8 +290,12 @@ def _w13_pair_rows(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: c
         acc = F32(0.0)
         for i in cutlass.range_constexpr(per_lane):
             c = hl + 16 * i
-            acc += (_chunk_dot(words[jj], i, xs, c * CHUNK, c, 2)
-                    * e8m0_scale_times_2p14(scales[jj][i]))
+            if cutlass.const_expr(h2):
+                acc += (_chunk_dot_h2(words[jj], i, xs, c)
+                        * (e8m0_scale_times_2p14(scales[jj][i]) * kinv[c]))
+            else:
+                acc += (_chunk_dot(words[jj], i, xs, c * CHUNK, c, 2)
+                        * e8m0_scale_times_2p14(scales[jj][i]))
         for off in cutlass.range_constexpr(4):
             acc += cute.arch.shuffle_sync_bfly(acc, 8 >> off)
         up = cute.arch.shuffle_sync(acc, 16)
@@ -505,8 +592,9 @@ def moe_launch(z: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer, w13: cu
                linear_beta: cutlass.Constexpr, norm: cutlass.Constexpr,
                shared: cutlass.Constexpr, eps: cutlass.Constexpr, passes: cutlass.Constexpr,
                w13_tc: cutlass.Constexpr = False, w13_tc_blk: cutlass.Constexpr = 0,
-               pf_x: cutlass.Constexpr = 0):
+               pf_x: cutlass.Constexpr = 0, w13_h2: cutlass.Constexpr = False):
     """Host side: w13 + SiTU-GLU, then w2 + weighted sum (+ norm / shared SiTU), one stream.
+    `w13_h2` (SIMT w13 only): its chunk sums in f16x2 (`moe_w13_kernel`'s ``h2``).
     `w13_tc`: the tensor-core w13 (`moe_w13_tc_kernel`) instead of the SIMT one. `norm`: 0,
     1 (the w2 kernel normalises) or 2 (it leaves bf16 rows + partial sums of squares).
     `pf_x` > 0 (SIMT w13 only): that many extra grid columns of w13 prefetch `pf_bytes` of
@@ -519,7 +607,7 @@ def moe_launch(z: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer, w13: cu
             stream=stream)
     else:
         moe_w13_kernel(z, ids, w13, s13, act, ld_z, pf, pf_bytes, latent, inter, top_k, n_exp,
-                       beta, linear_beta, pf_x).launch(
+                       beta, linear_beta, pf_x, w13_h2).launch(
             grid=(inter // W13_ROWS + pf_x, n_tok * top_k, 1), block=(W13_WARPS * 32, 1, 1),
             stream=stream)
     moe_w2_kernel(act, ids, topk_w, w2, s2, out, ld_out, gu, ld_gu, ws, part, counter, latent,

@@ -89,6 +89,7 @@ class MoeKey:
     w13_tc_blocks: int = 0  # its scale blocks per warp; 0 = the kernel's choice
     defer_norm: bool = False  # normalize: leave bf16 rows + partials for `gemv_normed`
     pf_x: int = 0  # extra w13 grid columns that prefetch the next kernel's weight (`upcoming`)
+    w13_h2: bool = False  # SIMT w13 chunk sums in f16x2 (kernel.py: _chunk_dot_h2)
 
 
 def check_inputs(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
@@ -154,7 +155,7 @@ def compile_moe(key: MoeKey, extra_options: str = ""):
     norm = 2 if key.defer_norm else int(key.normalize)
     return cute.compile(moe_launch, *args, key.latent, key.inter, key.top_k, key.experts,
                         key.beta, key.linear_beta, norm, key.shared, key.eps,
-                        key.w2_passes, key.w13_tc, key.w13_tc_blocks, key.pf_x,
+                        key.w2_passes, key.w13_tc, key.w13_tc_blocks, key.pf_x, key.w13_h2,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
@@ -167,12 +168,14 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
                 counter: torch.Tensor | None = None, w2_passes: int = W2_PASSES,
                 w13_tc: bool = W13_TC, w13_tc_blocks: int = 0,
                 norm_part: torch.Tensor | None = None, upcoming: torch.Tensor | None = None,
-                upcoming_bytes: int = 0) -> torch.Tensor:
+                upcoming_bytes: int = 0, w13_h2: bool = False) -> torch.Tensor:
     """Run the MXFP4 expert kernels (see the module docstring); returns `out`.
 
     `upcoming` with `upcoming_bytes` > 0 (SIMT w13 only): the w13 launch gets `PF_X` more grid
     columns whose CTAs prefetch the first `upcoming_bytes` of `upcoming` (the next kernel's
-    weight) into L2 (`kernel.moe_w13_kernel`); the result does not change."""
+    weight) into L2 (`kernel.moe_w13_kernel`); the result does not change. `w13_h2` (SIMT w13
+    only): products and 32-value chunk sums in f16x2 with x staged as f16 (a scale of 2^k per
+    chunk); f16 rounding inside a chunk, not the fp32 path's bits."""
     for name, v in (("z", z), ("topk_ids", topk_ids), ("w13", w13)):
         need(isinstance(v, torch.Tensor), MoeInputError, OP, f"{name} must be a torch.Tensor")
     need(z.dim() == 2 and topk_ids.dim() == 2 and w13.dim() == 3, MoeInputError, OP,
@@ -186,6 +189,8 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
                                 and (z.shape[1] // CHUNK) % w13_tc_blocks == 0),
          MoeInputError, OP, f"w13_tc_blocks={w13_tc_blocks!r} must be 0 (auto) or one of "
          f"{blocks} dividing L / {CHUNK}")
+    need(not (w13_tc and w13_h2), MoeInputError, OP,
+         "w13_h2 applies to the SIMT w13 only (w13_tc=False)")
     need(w13_tc or w13_tc_blocks == 0, MoeInputError, OP,
          "w13_tc_blocks applies to the tensor-core w13 only (w13_tc=True)")
     if w13_tc:
@@ -228,7 +233,7 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
     fn = compile_moe(MoeKey(lat, inter, k, e, float(beta), float(linear_beta), target_arch(),
                             bool(normalize), shared, float(eps), int(w2_passes),
                             bool(w13_tc), int(w13_tc_blocks), norm_part is not None,
-                            PF_X if pf_bytes else 0))
+                            PF_X if pf_bytes else 0, bool(w13_h2)))
     import cutlass
 
     g = out if gu is None else gu
