@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Device side, one call: `k3ft validate` with the backend's profile on the lent H200, unsigned
 # (the signing key never leaves the CPU machine), the run folder packed under $OUT.
-#   bash backend/device/validate.sh [PROFILE]   (default: k3-hopper; about 7-8 minutes)
+#   bash backend/device/validate.sh [PROFILE]   (default: k3-hopper; about 9 minutes: session
+#   11's run was cut at 525 s with 11 of 12 perf points done, the kernel tier took 398 s)
+#   K3FT_RESUME=run.tar.gz bash backend/device/validate.sh: unpack a carried run.tar.gz from an
+#   earlier call and continue it (`k3ft validate --resume`: finished cells are kept).
 # Back on the CPU machine: `k3ft sign <run folder>`, then commit the bundle under bundles/
 # (bundles/README.md says what each committed bundle pins).
 set -uo pipefail
@@ -9,8 +12,13 @@ source backend/device/env.sh || exit 1
 out=${OUT:-/tmp/k3ft-validate}
 mkdir -p "$out"
 rm -rf /tmp/k3run
+resume=()
+if [ -n "${K3FT_RESUME:-}" ]; then
+  mkdir -p /tmp/k3run && tar xzf "$K3FT_RESUME" -C /tmp/k3run || exit 1
+  resume=(--resume)
+fi
 timeout 525 python3 -m k3fasttrack validate --profile "${1:-k3-hopper}" --tp 1 --no-sign \
-  --out /tmp/k3run/run --json > "$out/validate.json" 2> "$out/validate.log"
+  "${resume[@]}" --out /tmp/k3run/run --json > "$out/validate.json" 2> "$out/validate.log"
 echo "validate rc=$?"
 tar czf "$out/run.tar.gz" -C /tmp/k3run run
 tail -5 "$out/validate.log"
