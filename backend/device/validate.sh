@@ -14,7 +14,7 @@ mkdir -p "$out"
 rm -rf /tmp/k3run
 resume=()
 if [ -n "${K3FT_RESUME:-}" ]; then
-  mkdir -p /tmp/k3run && tar xzf "$K3FT_RESUME" -C /tmp/k3run || exit 1
+  mkdir -p /tmp/k3run && tar xf "$K3FT_RESUME" -C /tmp/k3run || exit 1
   resume=(--resume)
 fi
 timeout 525 python3 -m k3fasttrack validate --profile "${1:-k3-hopper}" --tp 1 --no-sign \
