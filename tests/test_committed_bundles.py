@@ -145,6 +145,16 @@ def test_h200_session4_bundle_passes_every_tier_that_ran() -> None:
     assert _archive_json(archive, "verdict.json")["outcome"] == "INCOMPLETE"
 
 
+def _perf_proof_pass_b1_kernels(archive: Path) -> list[str]:
+    """Perf and proof PASS, verdict INCOMPLETE (isolation NOT_RUN); the kernels of the b1 1k
+    candidate step in the profiler trace."""
+    for tier in ("perf", "proof"):
+        assert _archive_json(archive, f"reports/{tier}.json")["status"] == "PASS"
+    assert _archive_json(archive, "verdict.json")["outcome"] == "INCOMPLETE"
+    b1 = _archive_json(archive, "decode-rand-tp1-d0-acc1-b1-in1024-out16/profile-candidate.json")
+    return [e["name"] for e in b1["traceEvents"] if str(e.get("cat", "")).lower() == "kernel"]
+
+
 def _git(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "-C", str(BUNDLES.parent), *args], capture_output=True,
                           text=True, check=False)
@@ -166,15 +176,18 @@ def _moved(*names: str, day: str = "2026-11-29") -> tuple[str, ...]:
 
 
 @contextlib.contextmanager
-def _worktree(commit: str, moved_archives: tuple[str, ...]) -> Iterator[Path]:
-    """A detached worktree of ``commit`` with the named bundle folders' archives removed, as
-    they were moved out of the tree to fit the device carry."""
+def _worktree(commit: str, moved_archives: tuple[str, ...],
+              moved_files: tuple[str, ...] = ()) -> Iterator[Path]:
+    """A detached worktree of ``commit`` with the named bundle folders' archives (and any
+    ``moved_files``) removed, as they were moved out of the tree to fit the device carry."""
     work = Path(tempfile.mkdtemp(prefix=f"k3ft-{commit}-"))
     t = work / "t"
     try:
         assert _git("worktree", "add", "--detach", "-f", str(t), commit).returncode == 0
         for name in moved_archives:
             (t / f"bundles/{name}/bundle.tar.gz").unlink()
+        for rel in moved_files:
+            (t / rel).unlink()
         yield t
     finally:
         _git("worktree", "remove", "--force", str(t))
@@ -292,11 +305,7 @@ def test_h200_session7_bundle_ran_commit_3ecaf0a() -> None:
     assert sum(c["op"] == "moe_mxfp4" and "/w13tc" in c["case"] for c in cases) == 7
     assert sum(c["op"] == "gemv" and c["case"].startswith("normed/") for c in cases) == 4
     assert sum(c["op"] == "executor_moe_norm" and c["passed"] for c in cases) == 2
-    for tier in ("perf", "proof"):
-        assert _archive_json(archive, f"reports/{tier}.json")["status"] == "PASS"
-    assert _archive_json(archive, "verdict.json")["outcome"] == "INCOMPLETE"
-    b1 = _archive_json(archive, "decode-rand-tp1-d0-acc1-b1-in1024-out16/profile-candidate.json")
-    names = [e["name"] for e in b1["traceEvents"] if str(e.get("cat", "")).lower() == "kernel"]
+    names = _perf_proof_pass_b1_kernels(archive)
     assert sum("gemv_normed" in n for n in names) == 4  # the 4 MoE layers' tail projections
 
 
@@ -349,11 +358,7 @@ def test_h200_session9_bundle_ran_commit_28504c2() -> None:
                c["case"].startswith("mla_moe_layer qb=1 qba=1 fused=0 spec=11 ") for c in cases)
     assert sum(c["op"] == "executor_kernels" and "missing=[]" in c["case"] and c["passed"]
                for c in cases) == 2
-    for tier in ("perf", "proof"):
-        assert _archive_json(archive, f"reports/{tier}.json")["status"] == "PASS"
-    assert _archive_json(archive, "verdict.json")["outcome"] == "INCOMPLETE"
-    b1 = _archive_json(archive, "decode-rand-tp1-d0-acc1-b1-in1024-out16/profile-candidate.json")
-    names = [e["name"] for e in b1["traceEvents"] if str(e.get("cat", "")).lower() == "kernel"]
+    names = _perf_proof_pass_b1_kernels(archive)
     assert len(names) == 49 and sum("mla_qba" in n for n in names) == 1
     assert not any("absorb" in n for n in names)
     assert sum("gemv_normed" in n for n in names) == 4
@@ -401,4 +406,62 @@ def test_device_run_tree_digest_is_the_commit_that_ran(run: DeviceRun) -> None:
     known = {rel: bytes.fromhex(d) for rel, d in recorded.items()}
     with _worktree(run.commit, run.moved) as t:
         digest = tree_digest(t, _tracked(run.device_commit) + added + kit, known)
+    assert digest == env["git"]["tree_digest"]
+
+
+S11 = BUNDLES / "h200-executor-s11-2026-11-30"
+S11_RAN, S11_RESUMED, S11_DEVICE = "98a705a", "70cb1fa", "88f9651"
+S11_TAR = "k3run-s11-partial.tar.xz"
+
+
+def test_h200_session11_bundle_passes_with_the_new_defaults() -> None:
+    """Session 11 (device calls 5 and 8): the kernel tier ran the two variants made defaults
+    (rolled router rounds, 4-token MLA CTAs): 622 cases PASS, incl. the rolled router against
+    the unrolled one and float64, 4-token CTAs against 8-token ones and float64, and the
+    executor's whole step bit-equal with each turned off ("0"); perf PASS (12 points, 49 kernels
+    per step at b1), proof PASS, isolation NOT_RUN; signed with this session's key."""
+    archive = S11 / "bundle.tar.gz"
+    kernels = _archive_json(archive, "reports/kernels.json")
+    assert kernels["status"] == "PASS" and kernels["failed"] == 0 and kernels["passed"] == 622
+    cases = kernels["cases"]
+    assert sum(c["op"] == "router" and "rolled" in c["case"] and c["passed"] for c in cases) == 20
+    off = {c["case"] for c in cases if c["op"] == "executor_variant" and c["passed"]}
+    assert off == {f"{k}=0/r{r}-bitwise" for k in ("K3_DECODE_ROUTER_ROLLED",
+                                                     "K3_DECODE_MLA_SMALL_TPC") for r in (1, 2)}
+    names = _perf_proof_pass_b1_kernels(archive)
+    assert len(names) == 49 and sum("mla_qba" in n for n in names) == 1
+    signed = verify_bundle(archive, BUNDLES / "allowed_signers")
+    assert signed.principals == ("k3ft-session-2026-11-30-s11",)
+
+
+def test_h200_session11_bundle_tree_digest_is_the_resumed_commit() -> None:
+    """The validate run was cut at 525 s (call 5, tree of 98a705a: kernel tier and 11 of 12 perf
+    points) and resumed (call 8, tree of 70cb1fa plus the carried call-5 run folder, the
+    untracked `k3run-s11-partial.tar.xz`; `backend/device/runs/` and every bundle file moved
+    out for the 64 MiB carry). The device's .git was the session-start commit 88f9651, so the
+    bundle names it (dirty); its environment was written by the resumed run. Its changed paths
+    are the diff 88f9651..70cb1fa less the moved files plus the tarball, and its tree digest
+    is recomputed from a worktree of 70cb1fa. 98a705a and 70cb1fa differ only in
+    backend/device/validate.sh, so the code of both calls is the same."""
+    env = _archive_json(S11 / "bundle.tar.gz", "environment.json")
+    assert env["gpus"][0]["name"] == "NVIDIA H200"
+    assert env["git"]["commit"].startswith(S11_DEVICE) and env["git"]["dirty"]
+    changed = env["git"]["changed"]
+    moved = tuple(p for p in changed if p.startswith("bundles/"))
+    assert moved and "bundles/README.md" not in moved
+    recorded = json.loads((S11 / "device-kit-sha256.json").read_text())["sha256"]
+    assert set(recorded) == {S11_TAR} and S11_TAR in changed
+    if not _has_commits(S11_DEVICE, S11_RAN, S11_RESUMED):
+        pytest.skip(f"this clone lacks commits {S11_DEVICE} / {S11_RAN} / {S11_RESUMED}")
+    assert _git("diff", "--name-only", S11_RAN, S11_RESUMED).stdout.split() == [
+        "backend/device/validate.sh"]
+    diff = _git("diff", "--name-only", S11_DEVICE, S11_RESUMED).stdout.split()
+    code = {p for p in changed if p not in moved and p != S11_TAR}
+    assert code == {p for p in diff if not p.startswith("backend/device/runs/")}
+    added = [p for p in _git("diff", "--name-only", "--diff-filter=A", S11_DEVICE,
+                             S11_RESUMED).stdout.split()
+             if not p.startswith("backend/device/runs/")]
+    with _worktree(S11_RESUMED, (), moved) as t:
+        digest = tree_digest(t, _tracked(S11_DEVICE) + added + [S11_TAR],
+                             {S11_TAR: bytes.fromhex(recorded[S11_TAR])})
     assert digest == env["git"]["tree_digest"]
