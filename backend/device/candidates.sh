@@ -3,11 +3,12 @@
 #   bash backend/device/candidates.sh [KNOB=VALUE ...]   (default: every entry of CANDIDATES)
 #   CANDIDATE_TESTS_K: a pytest -k expression for step 1 (default: every variant test);
 #   CANDIDATE_BATCHES: step 2's batches (default 1,2).
-# 1. the GPU tests of the variants (pytest marker `variant`: bitwise against the defaults,
-#    float64 references, the executor's whole step bit-equal with each knob on);
+# 1. the GPU tests of the variants (pytest marker `variant`: float64 references; bitwise against
+#    the defaults, or the whole step bit-equal with the knob on, where the variant keeps the
+#    arithmetic; the f16x2 w13 is compared by its error against float64 instead);
 # 2. benchmarks/bench_ab_env.py --each: a reference with every knob off, each knob alone at VALUE,
-#    all of them together, in one process at 1 and 2 tokens (KDA + MoE and MLA + MoE layers,
-#    whole step); the table last, JSON and logs under $OUT.
+#    all of them together, in one process at CANDIDATE_BATCHES tokens (KDA + MoE and MLA + MoE
+#    layers, whole step); the table last, JSON and logs under $OUT.
 # Carry .gpu-kit and .gpu-wheels (backend/device/prepare.sh). Its two steps are cut at 260 s
 # and 300 s so that the call ends inside the 600 s limit (first H200 run: 284 s, session 11).
 set -uo pipefail

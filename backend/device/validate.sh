@@ -18,7 +18,7 @@ if [ -n "${K3FT_RESUME:-}" ]; then
   resume=(--resume)
 fi
 timeout 525 python3 -m k3fasttrack validate --profile "${1:-k3-hopper}" --tp 1 --no-sign \
-  "${resume[@]}" --out /tmp/k3run/run --json > "$out/validate.json" 2> "$out/validate.log"
+  ${resume[@]+"${resume[@]}"} --out /tmp/k3run/run --json > "$out/validate.json" 2> "$out/validate.log"
 echo "validate rc=$?"
 tar czf "$out/run.tar.gz" -C /tmp/k3run run
 tail -5 "$out/validate.log"

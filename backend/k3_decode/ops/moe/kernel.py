@@ -4,7 +4,7 @@ Two kernels, launched back to back by one host function on the caller's stream (
 `moe_w13_kernel` below, SIMT, the default, or `moe_w13_tc_kernel`, tensor cores, opt-in; see
 its docstring and backend/NOTES.md session 7 for why it is not the default):
 
-`moe_w13_kernel`, grid (I / 16, T * k): one CTA per (16 intermediate rows, token-expert pair).
+`moe_w13_kernel`, grid (I / 8, T * k): one CTA per (8 intermediate rows, token-expert pair).
   The token's latent row z (L = 3584 bf16) is staged once in shared memory as fp32 in a
   swizzled layout (element j of 32-element chunk c at `c*32 + (j ^ 4*(c % 8))`), so the 16-byte
   reads below are bank-conflict free. Per warp and row j, the low half-warp reads gate row j and
@@ -12,7 +12,10 @@ its docstring and backend/NOTES.md session 7 for why it is not the default):
   of 7 chunks plus their E8M0 bytes before any arithmetic, decodes pairs of nibbles to f16x2 in
   registers (see `gemv/common.py`), multiplies in fp32 and applies the block scale once per 32
   products. Half-warp shuffle reductions give gate and up; lane 0 writes
-  `act[p, j] = SiTU-GLU(gate, up)` in fp32.
+  `act[p, j] = SiTU-GLU(gate, up)` in fp32. Opt-in `h2` (``K3_DECODE_MOE_H2``): z is staged as
+  f16 with a power-of-two scale per chunk and each chunk is multiplied and summed in f16x2
+  (`_chunk_dot_h2`), fp32 across chunks; faster, less accurate where activations are large
+  (backend/NOTES.md, session 11).
 `moe_w2_kernel`, grid (L / (8 * passes), T): one CTA per (8 * passes output rows, token; default
   1 pass = 8 rows) with one warp per expert slot (min(k, 16) warps; slots past 16 take turns).
   Four lanes share a w2 row (I/2 bytes = I/32 chunks of 16 B), 8 rows per pass: every lane
@@ -201,8 +204,11 @@ def _stage_row_f16s(src: cute.Pointer, xh: cute.Tensor, kinv: cute.Tensor,
 @cute.jit
 def _chunk_dot_h2(words: cute.Tensor, i: cutlass.Constexpr, xh: cute.Tensor, c) -> F32:
     """`_chunk_dot` on f16x2: one `fma.rn.f16x2` per decoded pair against the staged f16 x
-    (two chains of 8), the chunk's sum to fp32 once; times 2^k of the chunk's x (the caller
-    applies kinv[c] with the block scale)."""
+    (two chains of 8 per half), the two chains added in f16 (one more rounding), then the two
+    halves to fp32 once; times 2^k of the chunk's x (the caller applies kinv[c] with the block
+    scale: `e8m0(s) * kinv[c]` is formed first, so an E8M0 code near 240 with |x| near 2^127
+    could overflow it to inf and a zero chunk sum would then give NaN; unreachable for
+    activations of a real model, not guarded)."""
     cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), U32, num_bits_per_copy=128)
     acc = [U32(0), U32(0)]
     for q in cutlass.range_constexpr(4):
@@ -226,8 +232,8 @@ def moe_w13_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: c
     """Gate/up GEMV of one token-expert pair over 8 intermediate rows, then SiTU-GLU.
 
     ``h2``: products and the 32-value chunk sums in f16x2 (`_chunk_dot_h2`: x staged as f16
-    with a power-of-two scale per chunk) instead of fp32; about a third fewer instructions per
-    weight value, f16 rounding inside each chunk (fp32 across chunks).
+    with a power-of-two scale per chunk) instead of fp32: ~20% fewer SASS instructions per row
+    pair (1344 -> 1072 on sm_90a), f16 rounding inside each chunk (fp32 across chunks).
 
     ``pf_x`` > 0: the grid has ``pf_x`` more columns; their CTAs only bulk-prefetch equal shares
     of ``[pf, pf + pf_bytes)`` (the tail projection's first weight rows) into L2 and exit, so
