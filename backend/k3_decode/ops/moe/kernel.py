@@ -174,26 +174,16 @@ def _stage_row_f16s(src: cute.Pointer, xh: cute.Tensor, kinv: cute.Tensor,
             words[q] = U32(0)
         if v < nv:
             cute.copy(cp, vec(src + v * 8, U32, 4, 16), words)
-        emax = I32(0)
-        for q in cutlass.range_constexpr(4):
-            emax = cutlass.max(emax, ((words[q] >> U32(7)) & U32(0xFF)).to(I32))
-            emax = cutlass.max(emax, ((words[q] >> U32(23)) & U32(0xFF)).to(I32))
+        emax = _bf16_max_exp(words, I32(0))
         # the 4 lanes of a chunk are in or out together (nv and threads are multiples of 4)
         emax = cutlass.max(emax, cute.arch.shuffle_sync_bfly(emax, 1))
         emax = cutlass.max(emax, cute.arch.shuffle_sync_bfly(emax, 2))
-        fexp = cutlass.min(cutlass.max(I32(268) - emax, I32(1)), I32(253))  # 2^(141 - e)
+        fexp = _f16_scale_exp(emax)
         f = bits_f32(fexp.to(U32) << U32(23))
         if v < nv:
             c = v // 4
             q = v - 4 * c
-            o = cute.make_rmem_tensor((8,), F16)
-            for j in cutlass.range_constexpr(4):
-                wj = words[j // 2]
-                wk = words[j // 2 + 2]
-                xj = bits_f32(wj << U32(16)) if j % 2 == 0 else bits_f32(wj & U32(0xFFFF0000))
-                xk = bits_f32(wk << U32(16)) if j % 2 == 0 else bits_f32(wk & U32(0xFFFF0000))
-                o[2 * j] = (xj * f).to(F16)
-                o[2 * j + 1] = (xk * f).to(F16)
+            o = _f16_pairs(words, f)
             sp = cute.make_ptr(F16, (xh.iterator + _h2_slot(c, q) * 8).toint(),
                                cute.AddressSpace.smem, assumed_align=16)
             cute.copy(cps, o, cute.make_tensor(sp, cute.make_layout((8,))))
@@ -310,6 +300,38 @@ def _w13_pair_rows(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: c
 
 
 @cute.jit
+def _bf16_max_exp(words: cute.Tensor, emax) -> I32:
+    """The largest of `emax` and the biased exponents of the 8 bf16 values of 4 words."""
+    for q in cutlass.range_constexpr(4):
+        emax = cutlass.max(emax, ((words[q] >> U32(7)) & U32(0xFF)).to(I32))
+        emax = cutlass.max(emax, ((words[q] >> U32(23)) & U32(0xFF)).to(I32))
+    return emax
+
+
+def _f16_scale_exp(emax):
+    """Biased fp32 exponent of the power of two 2^(141 - emax) that brings bf16 values of
+    largest biased exponent `emax` below 2^15 (clamped to a normal float)."""
+    return cutlass.min(cutlass.max(I32(268) - emax, I32(1)), I32(253))
+
+
+@cute.jit
+def _f16_pairs(words: cute.Tensor, f) -> cute.Tensor:
+    """The 8 bf16 values of 4 words times `f`, as f16 in the order x0 x4 x1 x5 x2 x6 x3 x7
+    (f16x2 word j is (x_j, x_j+4): the pair `e2m1_pair(w, j)` decodes)."""
+    o = cute.make_rmem_tensor((8,), F16)
+    for j in cutlass.range_constexpr(4):
+        # value j is the low (j even) or high bf16 of word j // 2; value j + 4 of word
+        # j // 2 + 2, the same half
+        wj = words[j // 2]
+        wk = words[j // 2 + 2]
+        xj = bits_f32(wj << U32(16)) if j % 2 == 0 else bits_f32(wj & U32(0xFFFF0000))
+        xk = bits_f32(wk << U32(16)) if j % 2 == 0 else bits_f32(wk & U32(0xFFFF0000))
+        o[2 * j] = (xj * f).to(F16)
+        o[2 * j + 1] = (xk * f).to(F16)
+    return o
+
+
+@cute.jit
 def _stage_x_f16(zrow: cute.Pointer, xw: cute.Tensor, lane, blocks: cutlass.Constexpr):
     """One warp stages its `32 * blocks`-value slice of x as f16 scaled by 2^k (one k per warp,
     chosen from the slice's largest exponent so that |x| * 2^k < 2^15: no f16 overflow, and every
@@ -330,28 +352,16 @@ def _stage_x_f16(zrow: cute.Pointer, xw: cute.Tensor, lane, blocks: cutlass.Cons
                 cute.copy(cp, vec(zrow + (lane + 32 * h) * 8, U32, 4, 16), words[None, h])
     emax = I32(0)
     for h in cutlass.range_constexpr(nh):
-        for q in cutlass.range_constexpr(4):
-            wq = words[q, h]
-            emax = cutlass.max(emax, ((wq >> U32(7)) & U32(0xFF)).to(I32))
-            emax = cutlass.max(emax, ((wq >> U32(23)) & U32(0xFF)).to(I32))
+        emax = _bf16_max_exp(words[None, h], emax)
     for off in cutlass.range_constexpr(5):
         emax = cutlass.max(emax, cute.arch.shuffle_sync_bfly(emax, 16 >> off))
-    fexp = cutlass.min(cutlass.max(I32(268) - emax, I32(1)), I32(253))  # 2^(141 - e)
+    fexp = _f16_scale_exp(emax)
     f = bits_f32(fexp.to(U32) << U32(23))
     inv = bits_f32((I32(254) - fexp).to(U32) << U32(23))
     cps = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), F16, num_bits_per_copy=128)
     for h in cutlass.range_constexpr(nh):
         v = lane + 32 * h
-        o = cute.make_rmem_tensor((8,), F16)
-        for j in cutlass.range_constexpr(4):
-            # value j is the low (j even) or high bf16 of word j // 2; value j + 4 of word
-            # j // 2 + 2, the same half
-            wj = words[j // 2, h]
-            wk = words[j // 2 + 2, h]
-            xj = bits_f32(wj << U32(16)) if j % 2 == 0 else bits_f32(wj & U32(0xFFFF0000))
-            xk = bits_f32(wk << U32(16)) if j % 2 == 0 else bits_f32(wk & U32(0xFFFF0000))
-            o[2 * j] = (xj * f).to(F16)
-            o[2 * j + 1] = (xk * f).to(F16)
+        o = _f16_pairs(words[None, h], f)
         sp = cute.make_ptr(F16, (xw.iterator + v * 8).toint(), cute.AddressSpace.smem,
                            assumed_align=16)
         if cutlass.const_expr(32 * (h + 1) <= nv):
