@@ -58,19 +58,24 @@ class Side:
     env: dict[str, str]
 
 
+def _put(values: dict[str, str | None]) -> None:
+    for n, v in values.items():
+        if v is None:
+            os.environ.pop(n, None)
+        else:
+            os.environ[n] = v
+
+
 @contextlib.contextmanager
-def env_set(values: dict[str, str]) -> Iterator[None]:
-    """The variables of ``values`` set inside the block, their previous values (or none) after."""
+def env_set(values: dict[str, str | None]) -> Iterator[None]:
+    """The variables of ``values`` set (None: unset) inside the block, their previous values (or
+    none) after."""
     old = {n: os.environ.get(n) for n in values}
-    os.environ.update(values)
+    _put(values)
     try:
         yield
     finally:
-        for n, v in old.items():
-            if v is None:
-                os.environ.pop(n, None)
-            else:
-                os.environ[n] = v
+        _put(old)
 
 
 def build_side(side: Side, cfg, w, base_caches, inp, ctx: int, layers: list[int]) -> dict:
@@ -160,13 +165,8 @@ def zero_is_default(name: str) -> bool:
             at_zero = envs.ENVIRONMENT[name]()
         except ValueError:
             return False
-    saved = os.environ.pop(name, None)
-    try:
-        default = envs.ENVIRONMENT[name]()
-    finally:
-        if saved is not None:
-            os.environ[name] = saved
-    return at_zero == default
+    with env_set({name: None}):
+        return at_zero == envs.ENVIRONMENT[name]()
 
 
 def _sides_from_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[Side]:
