@@ -6,12 +6,16 @@ per-layer and whole-step CUDA-graph time over interleaved rounds, every side ali
     python3 benchmarks/bench_ab_env.py K3_DECODE_ROUTER_ROLLED,K3_DECODE_GEMV_PREFETCH 0,0 1,1
     python3 benchmarks/bench_ab_env.py --each K3_DECODE_ROUTER_ROLLED=1 K3_DECODE_NEXT_PREFETCH_MB=12 \
         --all --batches 1
+    python3 benchmarks/bench_ab_env.py --sides ref: \
+        side:K3_DECODE_ROUTER_FRONT=0,K3_DECODE_SIDE_STREAM=1 w13sh:K3_DECODE_SHARED_W13=2
 
 Two sides (`VAR A B`; several knobs: comma-separated names and as many values per side), or
 `--each NAME=VALUE ...`: a reference side with every named knob at "0" (only knobs that are
 off at "0" by default: the reference is the default executor), one side per knob at its value,
-and with `--all` one side with all of them; all in one process, so the model's weights are
-made and the kernels compiled once.
+and with `--all` one side with all of them; or `--sides LABEL:NAME=V,NAME=V ...`: any number
+of sides, each with its own knobs (unnamed knobs keep their defaults; the first side is the
+reference, e.g. `ref:` for the default executor). All in one process, so the model's weights
+are made and the kernels compiled once.
 
 Each side gets its own `KernelOps` (knobs are read when an executor's ops are made, some again
 per call, so the variables stay set while that side compiles, runs eagerly and is captured) and
@@ -176,6 +180,29 @@ def _sides_from_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> l
         if name not in envs.ENVIRONMENT:
             ap.error(f"{name} is not a knob of backend.k3_decode.envs (known: {known})")
 
+    if args.sides_spec:
+        if args.pair or args.each or args.all:
+            ap.error("--sides goes alone (not with VAR A B, --each or --all)")
+        sides = []
+        for item in args.sides_spec:
+            label, sep, rest = item.partition(":")
+            if not sep or not label:
+                ap.error(f"--sides takes LABEL:NAME=VALUE,... (LABEL: alone for the "
+                         f"defaults), got {item!r}")
+            env: dict[str, str] = {}
+            for kv in filter(None, rest.split(",")):
+                name, eq, value = kv.partition("=")
+                if not eq or not value:
+                    ap.error(f"--sides {label}: {kv!r} is not NAME=VALUE")
+                check_name(name)
+                if name in env:
+                    ap.error(f"--sides {label}: {name} given twice")
+                env[name] = value
+            sides.append(Side(label, env))
+        labels = [x.label for x in sides]
+        if len(sides) < 2 or len(set(labels)) != len(labels):
+            ap.error("--sides needs at least two sides with distinct labels")
+        return sides
     if args.each:
         if args.pair:
             ap.error("give either VAR A B or --each, not both")
@@ -225,6 +252,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--each", nargs="+", metavar="NAME=VALUE", default=None,
                     help="one side per knob at VALUE against a reference with all at 0")
     ap.add_argument("--all", action="store_true", help="with --each: one side with all knobs")
+    ap.add_argument("--sides", nargs="+", metavar="LABEL:NAME=V,...", default=None,
+                    dest="sides_spec", help="any sides, each with its own knobs; the first is "
+                    "the reference")
     ap.add_argument("--batches", default="1,2")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--layers", default="1,3", help="layer positions (0 dense0, 1 KDA + MoE, "

@@ -96,6 +96,18 @@ def test_each_builds_a_reference_one_side_per_knob_and_all() -> None:
         {"K3_DECODE_ROUTER_ROLLED": "1", "K3_DECODE_GEMV_PREFETCH": "1"}]
 
 
+def test_sides_give_each_side_its_own_knobs() -> None:
+    """`--sides LABEL:NAME=V,...`: any number of sides (the first is the reference); a side
+    with no knobs is the default executor, knobs a side does not name keep their defaults."""
+    mod = _module()
+    args = mod.parse_args(["--sides", "ref:", "side:K3_DECODE_ROUTER_FRONT=0,K3_DECODE_SIDE_STREAM=1",
+                           "w13:K3_DECODE_SHARED_W13=2"])
+    assert args.sides == [
+        mod.Side("ref", {}),
+        mod.Side("side", {"K3_DECODE_ROUTER_FRONT": "0", "K3_DECODE_SIDE_STREAM": "1"}),
+        mod.Side("w13", {"K3_DECODE_SHARED_W13": "2"})]
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (("--each", "K3_DECODE_ROUTER_ROLLED"), "--each takes NAME=VALUE"),
     (("--each", "K3_DECODE_MOE_H2=0"), "0 is the reference value"),
@@ -107,6 +119,13 @@ def test_each_builds_a_reference_one_side_per_knob_and_all() -> None:
     (("--each", "K3_DECODE_MLA_QB=1"), "K3_DECODE_MLA_QB is not off at 0 by default"),
     (("--each", "K3_DECODE_ROUTER_ROLLED=1"), "K3_DECODE_ROUTER_ROLLED is not off at 0 by default"),
     (("--each", "K3_DECODE_MOE_NORM=w2"), "K3_DECODE_MOE_NORM is not off at 0 by default"),
+    (("--sides", "ref:"), "at least two sides with distinct labels"),
+    (("--sides", "a:", "a:K3_DECODE_MOE_H2=1"), "at least two sides with distinct labels"),
+    (("--sides", "ref", "b:K3_DECODE_MOE_H2=1"), "--sides takes LABEL:NAME=VALUE"),
+    (("--sides", "ref:", "b:K3_DECODE_MOE_H2"), "'K3_DECODE_MOE_H2' is not NAME=VALUE"),
+    (("--sides", "ref:", "b:K3_DECODE_BOGUS=1"), "K3_DECODE_BOGUS is not a knob"),
+    (("--sides", "ref:", "b:K3_DECODE_MOE_H2=1,K3_DECODE_MOE_H2=0"), "given twice"),
+    (("--sides", "ref:", "b:K3_DECODE_MOE_H2=1", "--all"), "--sides goes alone"),
 ])
 def test_each_mode_usage_errors(args: tuple[str, ...], says: str) -> None:
     res = _run(*args)

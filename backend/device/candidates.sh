@@ -2,7 +2,9 @@
 # Device side, one call: are the opt-in kernel variants right, and do they pay in the executor?
 #   bash backend/device/candidates.sh [KNOB=VALUE ...]   (default: every entry of CANDIDATES)
 #   CANDIDATE_TESTS_K: a pytest -k expression for step 1 (default: every variant test);
-#   CANDIDATE_BATCHES: step 2's batches (default 1,2).
+#   CANDIDATE_BATCHES: step 2's batches (default 1,2);
+#   CANDIDATE_SIDES: step 2 compares these sides instead (bench_ab_env.py --sides, space-separated
+#   LABEL:NAME=V,... entries, the first the reference); KNOB=VALUE arguments are then not used.
 # 1. the GPU tests of the variants (pytest marker `variant`: float64 references; bitwise against
 #    the defaults, or the whole step bit-equal with the knob on, where the variant keeps the
 #    arithmetic; the f16x2 w13 is compared by its error against float64 instead);
@@ -27,7 +29,13 @@ timeout 260 python3 -m pytest -q -p no:cacheprovider -m "gpu and variant" \
   tests/backend/test_{router,gemv,attn_res,moe,mla,executor}_gpu.py \
   > "$out/candidate_tests.txt" 2>&1
 echo "tests: $(tail -1 "$out/candidate_tests.txt")"
-timeout 300 python3 benchmarks/bench_ab_env.py --each "${pairs[@]}" --all --batches "${CANDIDATE_BATCHES:-1,2}" --rounds 6 \
+if [ -n "${CANDIDATE_SIDES:-}" ]; then
+  read -r -a sides <<< "$CANDIDATE_SIDES"
+  ab=(--sides "${sides[@]}")
+else
+  ab=(--each "${pairs[@]}" --all)
+fi
+timeout 300 python3 benchmarks/bench_ab_env.py "${ab[@]}" --batches "${CANDIDATE_BATCHES:-1,2}" --rounds 6 \
   --json "$out/ab_candidates.json" > "$out/ab_candidates.md" 2> "$out/ab_candidates.log" \
   || echo "ab_env failed: $(tail -5 "$out/ab_candidates.log")"
 cat "$out/ab_candidates.md"

@@ -68,6 +68,15 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # instructions where w13 is issue-bound at 1-2 tokens, f16 rounding inside a chunk. Off
     # until timed on the H200 (NOTES.md session 11).
     "K3_DECODE_MOE_H2": lambda: os.environ.get("K3_DECODE_MOE_H2", "0") == "1",
+    # "1", "2" or "4": at 1-2 tokens the shared experts' gate / up rows leave the router + front
+    # launch and ride in the w13 launch instead (its extra CTAs write their SiTU-GLU, each row
+    # cut into that many column slices; "1" keeps the front GEMV's sums to the bit), so they
+    # stream while the expert CTAs decode MXFP4. Off ("0") until timed on the H200.
+    "K3_DECODE_SHARED_W13": lambda: _choice("K3_DECODE_SHARED_W13", "0", ("0", "1", "2", "4")),
+    # "1": executors made without an explicit ``side_stream`` get one (the router beside the
+    # front projection, joined before the experts; the k3ft harness passes its own setting,
+    # K3FT_HARNESS_SIDE_STREAM). Default "0".
+    "K3_DECODE_SIDE_STREAM": lambda: os.environ.get("K3_DECODE_SIDE_STREAM", "0") == "1",
     # "1": the SIMT GEMVs (1-2 rows, and 3-4 rows of few long weight rows) are programmatic
     # dependent launches: their first weight loads go out while the previous kernel runs (each
     # kernel that can precede a GEMV signals `griddepcontrol.launch_dependents` at its start).
@@ -106,6 +115,15 @@ def _mib(var: str) -> float:
     if not value >= 0 or value > 48:
         raise ValueError(f"{var}={raw!r}: give MiB between 0 and 48 (the H200's L2 is 60 MiB)")
     return value
+
+
+def _choice(var: str, default: str, allowed: tuple[str, ...]) -> int:
+    """One of ``allowed`` (integers as text) from ``var``, as an int; anything else is a clear
+    error."""
+    raw = os.environ.get(var, default).strip() or default
+    if raw not in allowed:
+        raise ValueError(f"{var}={raw!r}: give one of {', '.join(allowed)}")
+    return int(raw)
 
 
 def __getattr__(name: str) -> Any:

@@ -50,6 +50,10 @@ compile_moe(MoeKey(4096, 384, 16, 896, 4.0, 25.0, arch, False, 0, 1e-6, 1, True,
 compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 1, False, 0, True))
 compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 2, False, 0, True))
 compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 1, False, 0, True, 2))  # + tail prefetch
+compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 0, 1e-6, 1, False, 0, True, 0, False,
+                   768, 7168, 2))  # shared rows in the w13 launch (K3_DECODE_SHARED_W13=2)
+compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 0, 1e-6, 1, False, 0, True, 0, False,
+                   768, 7168, 1))
 compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 1, False, 0, True, 0, True))  # f16x2 w13
 compile_attn_res(AttnResKey(7168, 8, True, True, True, 1e-6, 1e-6, arch))
 compile_attn_res(AttnResKey(7168, 3, True, False, True, 1e-6, 1e-6, arch, True, 32))  # + prefetches

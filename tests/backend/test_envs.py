@@ -33,7 +33,7 @@ def test_prefetch_mib_refuses(knob, raw, monkeypatch) -> None:
 @pytest.mark.parametrize(("knob", "default"), [
     ("K3_DECODE_GEMV_PREFETCH", False), ("K3_DECODE_ATTNRES_PREFETCH", False),
     ("K3_DECODE_MOE_H2", False), ("K3_DECODE_ROUTER_ROLLED", True),
-    ("K3_DECODE_MLA_SMALL_TPC", True)])
+    ("K3_DECODE_MLA_SMALL_TPC", True), ("K3_DECODE_SIDE_STREAM", False)])
 def test_variant_switches(knob, default, monkeypatch) -> None:
     """Opt-in variants are on only at "1"; the ones made defaults in session 11 (rolled router
     rounds, 4-token MLA CTAs) are on unless "0"."""
@@ -42,3 +42,21 @@ def test_variant_switches(knob, default, monkeypatch) -> None:
     for raw in ("1", "0", "yes"):
         monkeypatch.setenv(knob, raw)
         assert getattr(envs, knob) is (raw == "1" if not default else raw != "0")
+
+
+@pytest.mark.parametrize(("raw", "want"), [(None, 0), ("0", 0), ("1", 1), ("2", 2), ("4", 4),
+                                           (" 2 ", 2), ("", 0)])
+def test_shared_w13_split(raw, want, monkeypatch) -> None:
+    """K3_DECODE_SHARED_W13: off (0) or the column slices per shared row (1, 2, 4)."""
+    if raw is None:
+        monkeypatch.delenv("K3_DECODE_SHARED_W13", raising=False)
+    else:
+        monkeypatch.setenv("K3_DECODE_SHARED_W13", raw)
+    assert envs.K3_DECODE_SHARED_W13 == want
+
+
+@pytest.mark.parametrize("raw", ["3", "8", "on", "-1"])
+def test_shared_w13_refuses(raw, monkeypatch) -> None:
+    monkeypatch.setenv("K3_DECODE_SHARED_W13", raw)
+    with pytest.raises(ValueError, match="K3_DECODE_SHARED_W13=.*give one of 0, 1, 2, 4"):
+        _ = envs.K3_DECODE_SHARED_W13

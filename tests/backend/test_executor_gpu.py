@@ -171,6 +171,45 @@ def test_router_on_a_side_stream_gives_the_same_step() -> None:
     assert _same_replay(side, spec, inp, "executor_side_stream", "tp8-r4-q2-graph-replay-bitwise")
 
 
+@pytest.mark.variant
+@pytest.mark.parametrize("reqs,shared", [(1, "0"), (2, "0"), (1, "1"), (2, "2")])
+def test_one_token_router_on_a_side_stream(reqs: int, shared: str, monkeypatch) -> None:
+    """At 1-2 tokens with ``K3_DECODE_ROUTER_FRONT=0`` and a side stream the router runs beside
+    the plain SIMT front GEMV instead of carrying the front rows in its own launch; with
+    ``K3_DECODE_SHARED_W13`` as well the front GEMV keeps the latent rows only and the shared
+    rows ride in the w13 launch. With one column slice per shared row ("1") the graph replay
+    gives the default executor's logits bit for bit (same sums, only the launches differ);
+    with two ("2") the shared gate / up sums are added in another order, so the one-step
+    first MoE layer's outputs are compared within bf16 noise (its input is the same on both
+    sides, so no route can flip before it). The MLA + MoE layer launches one kernel more
+    (router and front apart), and its MoE compile key carries the shared rows."""
+    for knob in ("K3_DECODE_ROUTER_FRONT", "K3_DECODE_SHARED_W13"):
+        monkeypatch.delenv(knob, raising=False)
+    _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
+    monkeypatch.setenv("K3_DECODE_ROUTER_FRONT", "0")
+    monkeypatch.setenv("K3_DECODE_SHARED_W13", shared)
+    other = Executor(KernelOps(spec.weights.config, max_context=1024, side_stream=True),
+                     spec.weights, spec.caches.clone(), max_tokens=reqs)
+    label = f"router_front=0,side,shared_w13={shared}/r{reqs}"
+    if shared in ("0", "1"):
+        assert _same_replay(other, spec, inp, "executor_variant", f"{label}-bitwise")
+    else:
+        _, seen_a, _ = _run(other, inp)
+        _, seen_b, _ = _run(spec, inp)
+        first_moe = 1  # layer 1 is the first KDA + MoE layer: identical input on both sides
+        rel = _rel(seen_a[first_moe], seen_b[first_moe])
+        record_case(op="executor_variant", case=f"{label}-layer1-rel", dtype="bfloat16",
+                    max_abs_err=rel, max_rel_err=rel, atol=0.0, rtol=5e-3, passed=rel < 5e-3)
+        assert rel < 5e-3, rel
+    keys: list = []
+    with _compile_keys(monkeypatch, keys):
+        names = M.layer_kernels(other, 3, inp)
+    assert len(names) == len(M.layer_kernels(spec, 3, inp)) + 1
+    if shared != "0":  # the knob took effect: the MoE launch was compiled with the shared rows
+        assert any(k[0] == "compile_moe" and f"sh_rows=768, sh_k=7168, sh_split={shared}"
+                   in k[1] for k in keys), keys
+
+
 @pytest.mark.parametrize("reqs,side", [(1, False), (4, False), (1, True)])
 def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool, monkeypatch) -> None:
     """``KernelOps(pdl=True)`` (SIMT GEMVs as programmatic dependent launches: weight loads start
@@ -462,13 +501,15 @@ def _opt_in(*args):
     ("K3_DECODE_MLA_SMALL_TPC", "0", 2), _opt_in("K3_DECODE_ATTNRES_PREFETCH", "1", 1),
     _opt_in("K3_DECODE_NEXT_PREFETCH_MB", "12", 1), _opt_in("K3_DECODE_TAIL_PREFETCH_MB", "16", 1),
     _opt_in("K3_DECODE_OPROJ_PREFETCH_MB", "16", 1),
-    _opt_in("K3_DECODE_OPROJ_PREFETCH_MB", "16", 2)])
+    _opt_in("K3_DECODE_OPROJ_PREFETCH_MB", "16", 2), _opt_in("K3_DECODE_SHARED_W13", "1", 1),
+    _opt_in("K3_DECODE_SHARED_W13", "1", 2)])
 def test_session10_variants_give_the_same_step(knob: str, value: str, reqs: int,
                                                monkeypatch) -> None:
     """Each variant of session 10 (rolled router rounds and 4-token MLA absorb / combine CTAs,
     defaults since session 11, here turned off with "0"; the opt-in ones, marked `variant`:
     GEMV row prefetch, AttnRes block prefetch, next-weight prefetch CTAs in the AttnRes,
-    w13 and combine launches) replays the whole
+    w13 and combine launches; session 12's shared-expert rows in the w13 launch with one
+    column slice per row) replays the whole
     step to the same logits, bit for bit, as the default executor, with the same kernel count
     per MLA + MoE layer: none changes an operation's arithmetic or its order. The knob must
     also have taken effect: some kernel of that layer carries different compile-time values

@@ -350,3 +350,41 @@ def test_moe_w13_h2(experts: int, inter: int, batch: int, scales: tuple, z_scale
     assert torch.isfinite(outs[1]).all()
     assert not torch.equal(outs[0], outs[1])  # the f16x2 path ran (its rounding differs)
     assert all(errs[n] <= bounds[n] for n in errs), (errs, bounds)
+
+
+@pytest.mark.variant
+@pytest.mark.parametrize("batch,split", [(1, 1), (2, 1), (1, 2), (2, 2), (1, 4), (3, 2)])
+def test_moe_shared_glu_rides_in_w13(batch: int, split: int) -> None:
+    """`shared_x / shared_w / shared_out` (``K3_DECODE_SHARED_W13``): the w13 launch's extra
+    CTAs write the shared experts' SiTU-GLU, against float64 (x a row-strided view, as the
+    executor's layer input may be). The expert rows and the deferred-norm partial sums are
+    bit-equal to the launch without them (their CTAs are untouched); with ``split=1`` the
+    shared output is bit-equal to the plain SIMT GEMV of ``[gate; up]`` followed by the w2
+    epilogue's SiTU-GLU (the router + front path's arithmetic); with 2 or 4 column slices per
+    row the fp32 sums are added in another order, so only float64 decides."""
+    from backend.k3_decode.ops.gemv import gemv
+    from backend.k3_decode.ops.moe import moe_experts
+    from backend.k3_decode.reference.moe import situ_glu
+
+    hidden, s = 7168, 768
+    inp = make_inputs(batch, 896, 384, seed=800 + 10 * batch + split)
+    g = torch.Generator(device="cpu").manual_seed(81 + batch)
+    x = torch.randn(batch, hidden + 64, generator=g).to(torch.bfloat16).cuda()[:, :hidden]
+    wsh = (torch.randn(2 * s, hidden, generator=g) * 0.03).to(torch.bfloat16).cuda()
+    xt = poison_(torch.empty(batch, LATENT + s, dtype=torch.bfloat16, device="cuda"))
+    part = poison_(torch.empty(batch, LATENT // 8, device="cuda"))
+    moe_experts(**inp, out=xt[:, :LATENT], normalize=True, norm_part=part, shared_x=x,
+                shared_w=wsh, shared_out=xt[:, LATENT:], shared_split=split)
+    gu = gemv(x, wsh, variant="simt")
+    base = poison_(torch.empty(batch, LATENT + s, dtype=torch.bfloat16, device="cuda"))
+    part0 = poison_(torch.empty(batch, LATENT // 8, device="cuda"))
+    moe_experts(**inp, out=base, normalize=True, norm_part=part0, gu=gu)
+    torch.cuda.synchronize()
+    assert torch.equal(xt[:, :LATENT], base[:, :LATENT]) and torch.equal(part, part0)
+    xd, wd = x.double(), wsh.double()
+    ref = situ_glu(xd @ wd[:s].T, xd @ wd[s:].T)
+    ok, msg = check_and_record(OP, f"shared_in_w13/b{batch}/split{split}", xt[:, LATENT:], ref,
+                               2e-2, 2e-2, REL_FRO[torch.bfloat16])
+    assert ok, msg
+    if split == 1:
+        assert torch.equal(xt[:, LATENT:], base[:, LATENT:])

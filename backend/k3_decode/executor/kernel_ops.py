@@ -9,8 +9,11 @@ them apart always), MXFP4 experts (2: the w2 kernel also writes the shared exper
 and the latent RMSNorm, or, at 1-2 tokens, leaves that norm to the tail projection,
 ``gemv_normed``, see ``K3_DECODE_MOE_NORM``; with ``K3_DECODE_PREP=torch`` a torch prep does both
 instead), tail projection ``[up * norm_w | shared down]`` (the routed output and the shared
-experts are summed inside that one GEMV). With ``side_stream=True`` a separate router runs on a
-second stream beside the front projection (joined before the experts). With ``pdl``
+experts are summed inside that one GEMV). With ``side_stream=True`` (or, when the caller does
+not say, ``K3_DECODE_SIDE_STREAM=1``) a separate router runs on a second stream beside the front
+projection (joined before the experts); at 1-2 tokens only where ``K3_DECODE_ROUTER_FRONT=0``.
+``K3_DECODE_SHARED_W13`` (1, 2 or 4) at 1-2 tokens moves the shared experts' gate / up rows out
+of the front projection into extra CTAs of the w13 launch, which write their SiTU-GLU. With ``pdl``
 (``K3_DECODE_PDL=1``) the SIMT GEMVs are programmatic dependent launches: their first weight
 loads go out while the previous kernel runs. Ordinary launches in any case: the MLA op's
 absorb / combine (as PDL launches they cost the MLA layer 3.7% at b1, H200 run 28),
@@ -102,7 +105,7 @@ class KernelOps:
 
     name = "specialized"
 
-    def __init__(self, cfg: K3Config, *, side_stream: bool = False,
+    def __init__(self, cfg: K3Config, *, side_stream: bool | None = None,
                  max_context: int | None = None, pdl: bool | None = None) -> None:
         from backend.k3_decode.ops.attn_res import attn_res_norm
         from backend.k3_decode.ops.gemv import gemv, gemv_normed
@@ -137,7 +140,10 @@ class KernelOps:
         self._mla_small = Tiling(tokens_per_cta=4) if envs.K3_DECODE_MLA_SMALL_TPC \
             else DEFAULT_TILING
         self.max_context = max_context
+        if side_stream is None:
+            side_stream = envs.K3_DECODE_SIDE_STREAM
         self._side = torch.cuda.Stream() if side_stream else None
+        self._shared_w13 = envs.K3_DECODE_SHARED_W13  # 0 or the column slices per shared row
         self._router_front = envs.K3_DECODE_ROUTER_FRONT
         self._route = functools.partial(route, rolled=envs.K3_DECODE_ROUTER_ROLLED,
                                         prefetch=self._prefetch)
@@ -241,38 +247,49 @@ class KernelOps:
         mo, lat = self.cfg.moe, self.cfg.moe.latent_dim
         front, tail = w.packed()
         c_route, c_moe, _ = self.counters(h.device)
-        if self._router_front and gemv_variant("auto", h.shape[0], *front.shape) == "simt":
+        t, s = h.shape[0], w.shared_down.shape[1]
+        # K3_DECODE_SHARED_W13: the shared gate / up rows ride in the w13 launch (where the
+        # experts' deferred norm and the tail GEMV run SIMT, i.e. at 1-2 tokens)
+        sh_w13 = (self._shared_w13 and not (self.skip_experts or self._torch_prep)
+                  and self._norm_in_gemv and normed_fits(t, lat, s)
+                  and gemv_variant("auto", t, *tail.shape) == "simt")
+        front_w = front[:lat] if sh_w13 else front
+        if self._router_front and gemv_variant("auto", t, *front_w.shape) == "simt":
             # the front GEMV would run SIMT rows: they ride in the router's launch
             wts, ids, _, fr = self._route(h, w.gate_w, w.bias, mo.top_k,
-                                          mo.routed_scaling_factor, counter=c_route, front=front)
+                                          mo.routed_scaling_factor, counter=c_route,
+                                          front=front_w)
         elif self._side is not None:
             main = torch.cuda.current_stream(h.device)
             self._side.wait_stream(main)
             with torch.cuda.stream(self._side):
                 wts, ids, _ = self._route(h, w.gate_w, w.bias, mo.top_k,
                                           mo.routed_scaling_factor, counter=c_route)
-            fr = self._gemv(h, front)
+            fr = self._gemv(h, front_w)
             main.wait_stream(self._side)
         else:
             wts, ids, _ = self._route(h, w.gate_w, w.bias, mo.top_k, mo.routed_scaling_factor,
                                       counter=c_route)
-            fr = self._gemv(h, front)
-        s = w.shared_down.shape[1]
-        xt = torch.empty(h.shape[0], lat + s, dtype=h.dtype, device=h.device)
+            fr = self._gemv(h, front_w)
+        xt = torch.empty(t, lat + s, dtype=h.dtype, device=h.device)
         glu = {"beta": mo.situ_beta, "linear_beta": mo.situ_linear_beta}
         if self.skip_experts or self._torch_prep:  # a separate prep (kernel or torch fallback)
             routed = fr[:, :lat] if self.skip_experts else self._moe(
                 fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, **glu)
             self._prep(routed, None, fr[:, lat:], xt, eps=self.cfg.rms_eps, **glu)
-        elif (self._norm_in_gemv and normed_fits(h.shape[0], lat, s)
-              and gemv_variant("auto", h.shape[0], *tail.shape) == "simt"):
+        elif (self._norm_in_gemv and normed_fits(t, lat, s)
+              and gemv_variant("auto", t, *tail.shape) == "simt"):
             # the w2 kernel writes bf16 rows (un-normalised) + partial sums of squares and the
-            # shared SiTU into xt; the tail GEMV applies the norm (no ticket, no extra pass)
-            part = torch.empty(h.shape[0], lat // (8 * W2_PASSES), dtype=torch.float32,
+            # shared SiTU into xt (with sh_w13 the w13 launch writes the SiTU); the tail GEMV
+            # applies the norm (no ticket, no extra pass)
+            part = torch.empty(t, lat // (8 * W2_PASSES), dtype=torch.float32,
                                device=h.device)
-            self._moe(fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, xt,
-                      normalize=True, gu=fr[:, lat:], norm_part=part, w2_passes=W2_PASSES,
-                      upcoming=tail, upcoming_bytes=self._tail_prefetch_bytes, **glu)
+            sh = ({"shared_x": h, "shared_w": front[lat:], "shared_out": xt[:, lat:],
+                   "shared_split": self._shared_w13} if sh_w13 else {"gu": fr[:, lat:]})
+            self._moe(fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale,
+                      xt[:, :lat] if sh_w13 else xt, normalize=True, norm_part=part,
+                      w2_passes=W2_PASSES, upcoming=tail,
+                      upcoming_bytes=self._tail_prefetch_bytes, **sh, **glu)
             return self._gemv_normed(xt, lat, part, tail, self.cfg.rms_eps, out)
         else:  # the w2 kernel also writes the latent RMSNorm and the shared SiTU into xt
             self._moe(fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, xt,

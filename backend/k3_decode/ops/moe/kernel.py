@@ -59,6 +59,7 @@ from backend.k3_decode.ops.gemv.device import (
     smem_vec,
     vec,
 )
+from backend.k3_decode.ops.gemv.kernel import row_dot
 from backend.k3_decode.ops.moe.tiling import CHUNK, w13_tc_blocks
 
 W13_WARPS = 8
@@ -212,13 +213,69 @@ def _chunk_dot_h2(words: cute.Tensor, i: cutlass.Constexpr, xh: cute.Tensor, c) 
     return f16_lo(both) + f16_hi(both)
 
 
+def shared_glu_columns(sh_rows: int, split: int, top_k: int) -> int:
+    """Extra w13 grid columns that hold the shared-expert CTAs (`_shared_glu_cta`): each CTA
+    covers one token and ``4 // split`` shared rows, and every grid row (T * k of them) gets
+    these columns, so ``T * sh_rows / (4 // split)`` CTAs fit for any T."""
+    if sh_rows == 0:
+        return 0
+    per = 4 // split
+    return (sh_rows // per + top_k - 1) // top_k
+
+
+@cute.jit
+def _shared_glu_cta(xh: cute.Pointer, ld_xh: I64, wsh: cute.Pointer, ysh: cute.Pointer,
+                    ld_ysh: I64, sb: I32, n_tok: I32, sh_rows: cutlass.Constexpr,
+                    sh_k: cutlass.Constexpr, split: cutlass.Constexpr,
+                    beta: cutlass.Constexpr, linear_beta: cutlass.Constexpr):
+    """Shared-expert CTA `sb` riding in the w13 launch: ``ysh[t, j] = bf16(SiTU-GLU(bf16(g),
+    bf16(u)))`` with ``g = wsh[j] . xh[t]`` and ``u = wsh[S + j] . xh[t]`` (bf16 weights, fp32
+    sums), for one token t and ``4 // split`` rows j. Warps 0-3 take the gate rows, 4-7 the up
+    rows, each row cut into ``split`` column slices (`gemv.kernel.row_dot`, one warp per slice);
+    the slices meet in shared memory and are added in slice order. With ``split = 1`` every
+    sum is the plain GEMV's (`gemv_row`) to the bit, so the output equals the router + front
+    launch's gate / up followed by the w2 epilogue's SiTU-GLU."""
+    per = 4 // split
+    groups = sh_rows // per
+    warp = cute.arch.warp_idx()
+    lane = cute.arch.lane_idx()
+    smem = SmemAllocator()
+    s_acc = smem.allocate_tensor(F32, cute.make_layout((W13_WARPS,)), byte_alignment=16)
+    if sb < n_tok * groups:  # the same for every thread of the CTA
+        tok = sb // groups
+        j0 = (sb - tok * groups) * per
+        part = warp // 4
+        i = warp - part * 4
+        o = i // split
+        sl = i - o * split
+        kk = sh_k // split
+        acc = cute.make_rmem_tensor((1,), F32)
+        row = (part * sh_rows + j0 + o).to(I64)
+        row_dot(wsh + (row * sh_k + sl * kk), xh + sl * kk, ld_xh, tok, n_tok, acc, kk, 1)
+        if lane == 0:
+            s_acc[warp] = acc[0]
+        cute.arch.barrier()
+        if warp == 0:  # noqa: SIM102 (one runtime test per line reads clearer in the DSL)
+            if lane < per:
+                g = s_acc[lane * split]
+                u = s_acc[4 + lane * split]
+                for q in cutlass.range_constexpr(1, split):
+                    g = g + s_acc[lane * split + q]
+                    u = u + s_acc[4 + lane * split + q]
+                y = situ(g.to(BF16).to(F32), u.to(BF16).to(F32), beta, linear_beta)
+                flat(ysh)[tok.to(I64) * ld_ysh + j0 + lane] = y.to(BF16)
+
+
 @cute.kernel
 def moe_w13_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: cute.Pointer,
                    act: cute.Pointer, ld_z: I64, pf: cute.Pointer, pf_bytes: I64,
+                   xh: cute.Pointer, ld_xh: I64, wsh: cute.Pointer, ysh: cute.Pointer,
+                   ld_ysh: I64,
                    latent: cutlass.Constexpr, inter: cutlass.Constexpr,
                    top_k: cutlass.Constexpr, n_exp: cutlass.Constexpr, beta: cutlass.Constexpr,
                    linear_beta: cutlass.Constexpr, pf_x: cutlass.Constexpr,
-                   h2: cutlass.Constexpr = False):
+                   h2: cutlass.Constexpr = False, sh_rows: cutlass.Constexpr = 0,
+                   sh_k: cutlass.Constexpr = 0, sh_split: cutlass.Constexpr = 1):
     """Gate/up GEMV of one token-expert pair over 8 intermediate rows, then SiTU-GLU.
 
     ``h2``: products and the 32-value chunk sums in f16x2 (`_chunk_dot_h2`: x staged as f16
@@ -228,19 +285,37 @@ def moe_w13_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: c
     ``pf_x`` > 0: the grid has ``pf_x`` more columns; their CTAs only bulk-prefetch equal shares
     of ``[pf, pf + pf_bytes)`` (the tail projection's first weight rows) into L2 and exit, so
     DRAM, which the expert kernels leave 60-70% idle at one token, streams the next GEMV's
-    bytes meanwhile."""
+    bytes meanwhile.
+
+    ``sh_rows`` > 0: the grid has `shared_glu_columns` more columns (after the prefetch ones)
+    whose CTAs compute the shared experts' SiTU-GLU from the layer input (`_shared_glu_cta`),
+    so their 2 x S bf16 weight rows stream while the expert CTAs decode MXFP4 instead of in the
+    router + front launch before."""
     jb, p, _ = cute.arch.block_idx()
-    prefetching = False  # compile-time False without prefetch columns: no test in the kernel
-    if cutlass.const_expr(pf_x > 0):
-        prefetching = jb >= inter // W13_ROWS
-    if prefetching:
-        _, gy, _ = cute.arch.grid_dim()
-        tid, _, _ = cute.arch.thread_idx()
-        prefetch_share(pf, pf_bytes, ((jb - inter // W13_ROWS) * gy + p) * (W13_WARPS * 32)
-                       + tid, pf_x * gy * (W13_WARPS * 32))
-    else:
+    routed = inter // W13_ROWS
+    if cutlass.const_expr(pf_x == 0 and sh_rows == 0):
         _w13_pair_rows(z, ids, w13, s13, act, ld_z, jb, p, latent, inter, top_k, n_exp, beta,
                        linear_beta, h2)
+    else:
+        _, gy, _ = cute.arch.grid_dim()
+        kind = I32(0)  # 0 expert rows, 1 prefetch, 2 shared rows
+        if jb >= routed:
+            kind = I32(1)
+        if cutlass.const_expr(sh_rows > 0):  # noqa: SIM102 (compile-time, then run-time test)
+            if jb >= routed + pf_x:
+                kind = I32(2)
+        if kind == 0:
+            _w13_pair_rows(z, ids, w13, s13, act, ld_z, jb, p, latent, inter, top_k, n_exp,
+                           beta, linear_beta, h2)
+        if cutlass.const_expr(pf_x > 0):  # noqa: SIM102 (compile-time, then run-time test)
+            if kind == 1:
+                tid, _, _ = cute.arch.thread_idx()
+                prefetch_share(pf, pf_bytes, ((jb - routed) * gy + p) * (W13_WARPS * 32) + tid,
+                               pf_x * gy * (W13_WARPS * 32))
+        if cutlass.const_expr(sh_rows > 0):  # noqa: SIM102 (compile-time, then run-time test)
+            if kind == 2:
+                _shared_glu_cta(xh, ld_xh, wsh, ysh, ld_ysh, (jb - routed - pf_x) * gy + p,
+                                gy // top_k, sh_rows, sh_k, sh_split, beta, linear_beta)
 
 
 @cute.jit
@@ -602,19 +677,24 @@ def moe_launch(z: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer, w13: cu
                s13: cute.Pointer, w2: cute.Pointer, s2: cute.Pointer, act: cute.Pointer,
                out: cute.Pointer, gu: cute.Pointer, ws: cute.Pointer, part: cute.Pointer,
                counter: cute.Pointer, n_tok: I32, ld_z: I64, ld_out: I64, ld_gu: I64,
-               pf: cute.Pointer, pf_bytes: I64,
+               pf: cute.Pointer, pf_bytes: I64, xh: cute.Pointer, ld_xh: I64,
+               wsh: cute.Pointer, ysh: cute.Pointer, ld_ysh: I64,
                stream: cuda.CUstream, latent: cutlass.Constexpr, inter: cutlass.Constexpr,
                top_k: cutlass.Constexpr, n_exp: cutlass.Constexpr, beta: cutlass.Constexpr,
                linear_beta: cutlass.Constexpr, norm: cutlass.Constexpr,
                shared: cutlass.Constexpr, eps: cutlass.Constexpr, passes: cutlass.Constexpr,
                w13_tc: cutlass.Constexpr = False, w13_tc_blk: cutlass.Constexpr = 0,
-               pf_x: cutlass.Constexpr = 0, w13_h2: cutlass.Constexpr = False):
+               pf_x: cutlass.Constexpr = 0, w13_h2: cutlass.Constexpr = False,
+               sh_rows: cutlass.Constexpr = 0, sh_k: cutlass.Constexpr = 0,
+               sh_split: cutlass.Constexpr = 1):
     """Host side: w13 + SiTU-GLU, then w2 + weighted sum (+ norm / shared SiTU), one stream.
     `w13_h2` (SIMT w13 only): its chunk sums in f16x2 (`moe_w13_kernel`'s ``h2``).
     `w13_tc`: the tensor-core w13 (`moe_w13_tc_kernel`) instead of the SIMT one. `norm`: 0,
     1 (the w2 kernel normalises) or 2 (it leaves bf16 rows + partial sums of squares).
     `pf_x` > 0 (SIMT w13 only): that many extra grid columns of w13 prefetch `pf_bytes` of
-    `pf` into L2 (`moe_w13_kernel`)."""
+    `pf` into L2 (`moe_w13_kernel`). `sh_rows` > 0 (SIMT w13 only): the w13 launch also
+    writes the shared experts' SiTU-GLU ``ysh [T, sh_rows]`` from ``xh [T, sh_k]`` and
+    ``wsh [2 sh_rows, sh_k]`` (`_shared_glu_cta`)."""
     if cutlass.const_expr(w13_tc):
         blk = w13_tc_blk if w13_tc_blk else w13_tc_blocks(latent)
         moe_w13_tc_kernel(z, ids, w13, s13, act, ld_z, latent, inter, top_k, n_exp, beta,
@@ -622,10 +702,11 @@ def moe_launch(z: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer, w13: cu
             grid=(inter // 8, n_tok * top_k, 1), block=(latent // (CHUNK * blk) * 32, 1, 1),
             stream=stream)
     else:
-        moe_w13_kernel(z, ids, w13, s13, act, ld_z, pf, pf_bytes, latent, inter, top_k, n_exp,
-                       beta, linear_beta, pf_x, w13_h2).launch(
-            grid=(inter // W13_ROWS + pf_x, n_tok * top_k, 1), block=(W13_WARPS * 32, 1, 1),
-            stream=stream)
+        moe_w13_kernel(z, ids, w13, s13, act, ld_z, pf, pf_bytes, xh, ld_xh, wsh, ysh, ld_ysh,
+                       latent, inter, top_k, n_exp, beta, linear_beta, pf_x, w13_h2, sh_rows,
+                       sh_k, sh_split).launch(
+            grid=(inter // W13_ROWS + pf_x + shared_glu_columns(sh_rows, sh_split, top_k),
+                  n_tok * top_k, 1), block=(W13_WARPS * 32, 1, 1), stream=stream)
     moe_w2_kernel(act, ids, topk_w, w2, s2, out, ld_out, gu, ld_gu, ws, part, counter, latent,
                   inter, top_k, n_exp, norm, shared, eps, beta, linear_beta, passes).launch(
         grid=(latent // (8 * passes), n_tok, 1), block=(min(top_k, W2_SLOT_WARPS) * 32, 1, 1),
