@@ -77,9 +77,10 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # front projection, joined before the experts; the k3ft harness passes its own setting,
     # K3FT_HARNESS_SIDE_STREAM). Default "0".
     "K3_DECODE_SIDE_STREAM": lambda: os.environ.get("K3_DECODE_SIDE_STREAM", "0") == "1",
-    # "1": the SIMT GEMVs (1-2 rows, and 3-4 rows of few long weight rows) are programmatic
+    # "1": the SIMT GEMVs (1-2 rows, and 3-4 rows of few long weight rows), the MoE tail's
+    # gemv_normed and the router launch on the caller's stream (session 12) are programmatic
     # dependent launches: their first weight loads go out while the previous kernel runs (each
-    # kernel that can precede a GEMV signals `griddepcontrol.launch_dependents` at its start).
+    # kernel that can precede them signals `griddepcontrol.launch_dependents` at its start).
     # Off by default: interleaved A/B on the H200 (NOTES.md session 6, run 28) gave the whole
     # step +1.1% at batch 1 and -0.8 / -0.9% at batches 4 / 8.
     "K3_DECODE_PDL": lambda: os.environ.get("K3_DECODE_PDL", "0") == "1",

@@ -212,3 +212,36 @@ def test_router_front_with_row_prefetch_is_bit_equal(batch: int, rolled: bool) -
                 dtype="float32", max_abs_err=float((res[0][2] - res[1][2]).abs().max()),
                 max_rel_err=0.0, atol=0.0, rtol=0.0, passed=same)
     assert same
+
+
+@pytest.mark.parametrize(("batch", "front_rows"), [(1, 3584 + 1536), (2, 3584), (5, 0)])
+def test_router_as_a_dependent_launch_is_bit_equal(batch: int, front_rows: int) -> None:
+    """The router (+ front) launch as a programmatic dependent launch (`pdl=True`, taken by the
+    executor with ``K3_DECODE_PDL=1``) right after a kernel that rewrites x on the same stream:
+    scores, ids, weights and the front rows bit-equal to the plain launch reading the same x;
+    poisoned outputs. (The executor-level PDL test replays whole steps whose inputs change.)"""
+    from backend.k3_decode.ops.router import route
+
+    inp = make_inputs(batch, 896, seed=160 + batch)
+    g = torch.Generator(device="cpu").manual_seed(191 + batch)
+    front = ((torch.randn(front_rows, HIDDEN, generator=g) * 0.02).to(torch.bfloat16).cuda()
+             if front_rows else None)
+    x = inp["x"].clone()
+    res = []
+    for pdl in (False, True):
+        out = (poison_(torch.empty(batch, 16, device="cuda")),
+               poison_(torch.empty(batch, 16, dtype=torch.int32, device="cuda")),
+               poison_(torch.empty(batch, 896, device="cuda")))
+        kw = {}
+        if front is not None:
+            kw = {"front": front, "front_out": poison_(torch.empty(
+                batch, front_rows, dtype=torch.bfloat16, device="cuda"))}
+        x.zero_()
+        x.copy_(inp["x"])  # the launch right before writes x
+        res.append(route(x, inp["gate_w"], inp["bias"], out=out, rolled=True, pdl=pdl, **kw))
+    torch.cuda.synchronize()
+    same = all(torch.equal(a, b) for a, b in zip(res[0], res[1], strict=True))
+    record_case(op=OP, case=f"e896/b{batch}/front{front_rows}/pdl/bitwise", dtype="float32",
+                max_abs_err=float((res[0][2] - res[1][2]).abs().max()), max_rel_err=0.0,
+                atol=0.0, rtol=0.0, passed=same)
+    assert same

@@ -14,11 +14,11 @@ not say, ``K3_DECODE_SIDE_STREAM=1``) a separate router runs on a second stream 
 projection (joined before the experts); at 1-2 tokens only where ``K3_DECODE_ROUTER_FRONT=0``.
 ``K3_DECODE_SHARED_W13`` (1, 2 or 4) at 1-2 tokens moves the shared experts' gate / up rows out
 of the front projection into extra CTAs of the w13 launch, which write their SiTU-GLU. With ``pdl``
-(``K3_DECODE_PDL=1``) the SIMT GEMVs are programmatic dependent launches: their first weight
-loads go out while the previous kernel runs. Ordinary launches in any case: the MLA op's
-absorb / combine (as PDL launches they cost the MLA layer 3.7% at b1, H200 run 28),
-``gemv_normed`` (the MoE tail at 1-2 tokens) and ``mla_qb`` / ``mla_qb_absorb`` (the q_b
-projection there). The MLA layer: one fused ``q_a|kv_a|k_pe|gate`` projection, the q_b
+(``K3_DECODE_PDL=1``) the SIMT GEMVs, the MoE tail's ``gemv_normed`` and the router launch where
+it runs on the caller's stream are programmatic dependent launches: their first weight loads go
+out while the previous kernel runs. Ordinary launches in any case: the MLA op's
+absorb / combine (as PDL launches they cost the MLA layer 3.7% at b1, H200 run 28) and
+``mla_qb`` / ``mla_qb_absorb`` (the q_b projection there). The MLA layer: one fused ``q_a|kv_a|k_pe|gate`` projection, the q_b
 projection with the q_a RMSNorm inside and the kv RMSNorm + cache insert in its launch, and at
 1-2 tokens also the MLA decode's absorb (``mla_qb_absorb``, clusters of 8 CTAs per head;
 ``K3_DECODE_MLA_QBA=0``: ``mla_qb`` and absorb apart; from 3 tokens, or with
@@ -258,7 +258,7 @@ class KernelOps:
             # the front GEMV would run SIMT rows: they ride in the router's launch
             wts, ids, _, fr = self._route(h, w.gate_w, w.bias, mo.top_k,
                                           mo.routed_scaling_factor, counter=c_route,
-                                          front=front_w)
+                                          front=front_w, pdl=self._pdl)
         elif self._side is not None:
             main = torch.cuda.current_stream(h.device)
             self._side.wait_stream(main)
@@ -269,7 +269,7 @@ class KernelOps:
             main.wait_stream(self._side)
         else:
             wts, ids, _ = self._route(h, w.gate_w, w.bias, mo.top_k, mo.routed_scaling_factor,
-                                      counter=c_route)
+                                      counter=c_route, pdl=self._pdl)
             fr = self._gemv(h, front_w)
         xt = torch.empty(t, lat + s, dtype=h.dtype, device=h.device)
         glu = {"beta": mo.situ_beta, "linear_beta": mo.situ_linear_beta}
@@ -290,7 +290,7 @@ class KernelOps:
                       xt[:, :lat] if sh_w13 else xt, normalize=True, norm_part=part,
                       w2_passes=W2_PASSES, upcoming=tail,
                       upcoming_bytes=self._tail_prefetch_bytes, **sh, **glu)
-            return self._gemv_normed(xt, lat, part, tail, self.cfg.rms_eps, out)
+            return self._gemv_normed(xt, lat, part, tail, self.cfg.rms_eps, out, pdl=self._pdl)
         else:  # the w2 kernel also writes the latent RMSNorm and the shared SiTU into xt
             self._moe(fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, xt,
                       normalize=True, gu=fr[:, lat:], eps=self.cfg.rms_eps, counter=c_moe,

@@ -35,12 +35,30 @@ from backend.k3_decode.ops.gemv.kernel import THREADS, VEC, WARPS, row_dot
 MIN_CTAS_PER_SM = 8
 
 
+@cute.jit
+def _load_partials(part: cute.Pointer, ssv: cute.Tensor, tok0: I32, n_tok: I32,
+                   nb: cutlass.Constexpr, tt: cutlass.Constexpr):
+    """ssv[t] = this warp's eighth of token t's partial sums of squares (warp w adds partials
+    w, w + 8, ...: the CTA reads `part` once; summed across warps through shared memory)."""
+    lane = cute.arch.lane_idx()
+    warp = cute.arch.warp_idx()
+    for t in cutlass.range_constexpr(tt):
+        tok = cutlass.min(tok0 + t, n_tok - 1).to(I64)
+        ssv[t] = F32(0.0)
+        for j in cutlass.range_constexpr((nb + WARPS * 32 - 1) // (WARPS * 32)):
+            q = warp + WARPS * (lane + 32 * j)
+            if q < nb:
+                ssv[t] += flat(part)[tok * nb + q]
+
+
 @cute.kernel
 def gemv_normed_kernel(x: cute.Pointer, part: cute.Pointer, w: cute.Pointer, y: cute.Pointer,
                        n_rows: I32, n_tok: I32, ld_x: I64, ld_y: I64, latent: cutlass.Constexpr,
                        k: cutlass.Constexpr, nb: cutlass.Constexpr, eps: cutlass.Constexpr,
-                       tt: cutlass.Constexpr):
-    """One warp per weight row, `tt` tokens per CTA."""
+                       tt: cutlass.Constexpr, pdl: cutlass.Constexpr = False):
+    """One warp per weight row, `tt` tokens per CTA. ``pdl`` (a programmatic dependent
+    launch): `row_dot` issues the first weight loads, then waits for the previous kernel (the
+    w2 kernel, which writes x and `part`); the partial sums are read after it."""
     lane = cute.arch.lane_idx()
     warp = cute.arch.warp_idx()
     rb, tb, _ = cute.arch.block_idx()
@@ -51,18 +69,15 @@ def gemv_normed_kernel(x: cute.Pointer, part: cute.Pointer, w: cute.Pointer, y: 
     # the token's sum of squares: warp w adds partials w, w + 8, ... (an eighth each: the CTA
     # reads `part` once), loaded first and shared through shared memory after the dot products
     ssv = cute.make_rmem_tensor((tt,), F32)
-    for t in cutlass.range_constexpr(tt):
-        tok = cutlass.min(tok0 + t, n_tok - 1).to(I64)
-        ssv[t] = F32(0.0)
-        for j in cutlass.range_constexpr((nb + WARPS * 32 - 1) // (WARPS * 32)):
-            q = warp + WARPS * (lane + 32 * j)
-            if q < nb:
-                ssv[t] += flat(part)[tok * nb + q]
+    if cutlass.const_expr(not pdl):
+        _load_partials(part, ssv, tok0, n_tok, nb, tt)
     # a warp past the last row repeats it (no divergence around the barrier); only stores check
     acc_l = cute.make_rmem_tensor((tt,), F32)
     acc_r = cute.make_rmem_tensor((tt,), F32)
     row_dot(w + cutlass.min(row, n_rows - 1).to(I64) * k, x, ld_x, tok0, n_tok, acc_l, k, tt,
-            acc2=acc_r, split=latent // (VEC * 32))  # slots < L / 256 are latent in every lane
+            pdl, acc2=acc_r, split=latent // (VEC * 32))  # slots < L / 256 are latent in every lane
+    if cutlass.const_expr(pdl):
+        _load_partials(part, ssv, tok0, n_tok, nb, tt)
     for t in cutlass.range_constexpr(tt):
         ssv[t] = cute.arch.warp_reduction_sum(ssv[t])
         if lane == 0:
@@ -83,11 +98,13 @@ def gemv_normed_launch(x: cute.Pointer, part: cute.Pointer, w: cute.Pointer, y: 
                        n_rows: I32, n_tok: I32, ld_x: I64, ld_y: I64, stream: cuda.CUstream,
                        latent: cutlass.Constexpr, k: cutlass.Constexpr, nb: cutlass.Constexpr,
                        eps: cutlass.Constexpr, tt: cutlass.Constexpr,
-                       min_ctas: cutlass.Constexpr = 0):
+                       min_ctas: cutlass.Constexpr = 0, pdl: cutlass.Constexpr = False):
     """Host side: grid (ceil(N / 8), ceil(T / tt)) on the caller's stream; `min_ctas` > 0:
-    launch bounds asking ptxas for that many CTAs per SM (`MIN_CTAS_PER_SM`)."""
+    launch bounds asking ptxas for that many CTAs per SM (`MIN_CTAS_PER_SM`); `pdl`: a
+    programmatic dependent launch."""
     gemv_normed_kernel(x, part, w, y, n_rows, n_tok, ld_x, ld_y, latent, k, nb, eps,
-                       tt).launch(grid=((n_rows + WARPS - 1) // WARPS, (n_tok + tt - 1) // tt, 1),
-                                  block=(THREADS, 1, 1), stream=stream,
-                                  min_blocks_per_mp=min_ctas,
-                                  preferred_smem_carveout=-1)  # -1: no preference
+                       tt, pdl).launch(grid=((n_rows + WARPS - 1) // WARPS,
+                                             (n_tok + tt - 1) // tt, 1),
+                                       block=(THREADS, 1, 1), stream=stream,
+                                       min_blocks_per_mp=min_ctas, use_pdl=pdl,
+                                       preferred_smem_carveout=-1)  # -1: no preference

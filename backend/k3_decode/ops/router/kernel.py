@@ -107,13 +107,17 @@ def router_kernel(x: cute.Pointer, w: cute.Pointer, bias: cute.Pointer, scores: 
                   k: cutlass.Constexpr, e: cutlass.Constexpr, top_k: cutlass.Constexpr,
                   tt: cutlass.Constexpr, renorm: cutlass.Constexpr, scaling: cutlass.Constexpr,
                   front_rows: cutlass.Constexpr, rolled: cutlass.Constexpr,
-                  prefetch: cutlass.Constexpr):
+                  prefetch: cutlass.Constexpr, pdl: cutlass.Constexpr = False):
     """Logits + sigmoid for (8 experts x tt tokens) per CTA; the last router CTA selects top-k.
 
     With ``front_rows > 0`` the CTAs after the E / 8 router CTAs are a plain GEMV of the same x
     with ``fw [front_rows, K]`` into bf16 ``fy`` (the MoE front projection rides along: one
     launch, one stream of weights). They take no ticket, so the selection runs while they
-    stream (router CTAs have the lower block indices and are scheduled first)."""
+    stream (router CTAs have the lower block indices and are scheduled first).
+
+    ``pdl`` (a programmatic dependent launch): every warp issues its first group of weight
+    loads, then waits for the previous kernel (`row_dot`'s ``pdl``) before it reads x; nothing
+    else this kernel reads is written by that kernel (the AttnRes before it)."""
     cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
     tid, _, _ = cute.arch.thread_idx()
     lane = cute.arch.lane_idx()
@@ -127,7 +131,7 @@ def router_kernel(x: cute.Pointer, w: cute.Pointer, bias: cute.Pointer, scores: 
     if rb < router_ctas:
         row = rb * WARPS + warp
         acc = cute.make_rmem_tensor((tt,), F32)
-        row_dot(w + row.to(I64) * k, x, ld_x, tok0, n_tok, acc, k, tt, prefetch=prefetch)
+        row_dot(w + row.to(I64) * k, x, ld_x, tok0, n_tok, acc, k, tt, pdl, prefetch=prefetch)
         if lane == 0:
             st = flat(scores)
             for t in cutlass.range_constexpr(tt):
@@ -152,7 +156,7 @@ def router_kernel(x: cute.Pointer, w: cute.Pointer, bias: cute.Pointer, scores: 
         if cutlass.const_expr(front_rows > 0):
             frow = (rb - router_ctas) * WARPS + warp
             if frow < front_rows:
-                gemv_row(fw, x, fy, frow, tok0, n_tok, ld_x, ld_fy, k, tt, False, prefetch)
+                gemv_row(fw, x, fy, frow, tok0, n_tok, ld_x, ld_fy, k, tt, pdl, prefetch)
 
 
 @cute.jit
@@ -162,10 +166,11 @@ def router_launch(x: cute.Pointer, w: cute.Pointer, bias: cute.Pointer, scores: 
                   stream: cuda.CUstream, k: cutlass.Constexpr, e: cutlass.Constexpr,
                   top_k: cutlass.Constexpr, tt: cutlass.Constexpr, renorm: cutlass.Constexpr,
                   scaling: cutlass.Constexpr, front_rows: cutlass.Constexpr,
-                  rolled: cutlass.Constexpr, prefetch: cutlass.Constexpr):
+                  rolled: cutlass.Constexpr, prefetch: cutlass.Constexpr,
+                  pdl: cutlass.Constexpr = False):
     """Host side: grid (E/8 + ceil(front_rows/8), ceil(T/tt)) on the caller's stream (CUDA-graph
-    safe)."""
+    safe); `pdl`: a programmatic dependent launch (`router_kernel`)."""
     router_kernel(x, w, bias, scores, counter, topk_w, topk_ids, fw, fy, n_tok, ld_x, ld_fy, k,
-                  e, top_k, tt, renorm, scaling, front_rows, rolled, prefetch).launch(
+                  e, top_k, tt, renorm, scaling, front_rows, rolled, prefetch, pdl).launch(
         grid=(e // WARPS + (front_rows + WARPS - 1) // WARPS, (n_tok + tt - 1) // tt, 1),
-        block=(THREADS, 1, 1), stream=stream)
+        block=(THREADS, 1, 1), stream=stream, use_pdl=pdl)

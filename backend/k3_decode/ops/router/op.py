@@ -56,6 +56,7 @@ class RouterKey:
     front_rows: int = 0
     rolled: bool = False
     prefetch: bool = False
+    pdl: bool = False  # a programmatic dependent launch (kernel.router_launch)
 
 
 def check_inputs(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int,
@@ -107,7 +108,7 @@ def compile_router(key: RouterKey, extra_options: str = ""):
             cutlass.Int64(1), cutlass.Int64(1), cuda.CUstream(0)]
     return cute.compile(router_launch, *args, key.k, key.experts, key.top_k, key.tt,
                         key.renormalize, key.scaling, key.front_rows, key.rolled, key.prefetch,
-                        options=f"--gpu-arch {key.arch} {extra_options}".strip())
+                        key.pdl, options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
 def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int = 16,
@@ -115,11 +116,14 @@ def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int 
           out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
           counter: torch.Tensor | None = None, front: torch.Tensor | None = None,
           front_out: torch.Tensor | None = None,
-          rolled: bool = False, prefetch: bool = False) -> tuple[torch.Tensor, ...]:
+          rolled: bool = False, prefetch: bool = False,
+          pdl: bool = False) -> tuple[torch.Tensor, ...]:
     """Run the router kernel; returns `(weights, ids, scores)`, plus `front_out` when `front`
     is given (see the module docstring). `rolled=True` compiles the top-k rounds as a loop
     (same result, less code; `router.kernel._select_token`); `prefetch=True` bulk-prefetches
-    each warp's weight row into L2 first (`gemv.kernel.row_dot`)."""
+    each warp's weight row into L2 first (`gemv.kernel.row_dot`). `pdl=True`: a programmatic
+    dependent launch: its CTAs may start while the previous kernel on the stream runs, issue
+    their first weight loads and wait (`griddepcontrol.wait`) before reading x (same result)."""
     t, e, k = check_inputs(x, gate_w, bias, top_k, front, front_out)
     dev = x.device
     err = RouterInputError
@@ -139,7 +143,7 @@ def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int 
     check_device(err, OP, weights, ids, scores, counter)
     rows = 0 if front is None else front.shape[0]
     key = RouterKey(k, e, top_k, pick_token_tile(t), bool(renormalize), float(scaling),
-                    target_arch(), rows, bool(rolled), bool(prefetch))
+                    target_arch(), rows, bool(rolled), bool(prefetch), bool(pdl))
     fn = compile_router(key)
     import cutlass
 
