@@ -84,6 +84,9 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # Off by default: interleaved A/B on the H200 (NOTES.md session 6, run 28) gave the whole
     # step +1.1% at batch 1 and -0.8 / -0.9% at batches 4 / 8.
     "K3_DECODE_PDL": lambda: os.environ.get("K3_DECODE_PDL", "0") == "1",
+    # "1" (with K3_DECODE_PDL on): the MoE w2 kernel is a dependent launch of the SIMT w13 too
+    # (its weight loads go out while w13 runs; it waits before reading w13's activations).
+    "K3_DECODE_PDL_W2": lambda: os.environ.get("K3_DECODE_PDL_W2", "0") == "1",
     # Where the latent MoE's RMSNorm runs at 1-2 tokens: "gemv" (default) inside the tail
     # projection (`gemv_normed`: the w2 kernel writes un-normalised bf16 rows + partial sums of
     # squares, no ticket), "w2" in the w2 kernel's ticket epilogue (always so from 3 tokens and

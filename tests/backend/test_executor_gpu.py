@@ -210,14 +210,17 @@ def test_one_token_router_on_a_side_stream(reqs: int, shared: str, monkeypatch) 
                    in k[1] for k in keys), keys
 
 
-@pytest.mark.parametrize("reqs,side", [(1, False), (4, False), (1, True)])
-def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool, monkeypatch) -> None:
+@pytest.mark.parametrize("reqs,side,w2", [(1, False, False), (4, False, False), (1, True, False),
+                                          (1, False, True), (2, False, True), (8, False, True)])
+def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool, w2: bool, monkeypatch) -> None:
     """``KernelOps(pdl=True)`` (SIMT GEMVs as programmatic dependent launches: weight loads start
     while the previous kernel runs, x is read after ``griddepcontrol.wait``) replays to the same
     logits, bit for bit, as ordinary launches, over replays whose inputs change from one step to
     the next (a GEMV that read its input before the wait would see the previous step's values).
     1 request: every GEMV is SIMT, so PDL; 4 requests: tensor-core GEMVs (never PDL) beside the
-    SIMT ones; (1, side): the router on a side stream beside the PDL front GEMV."""
+    SIMT ones; (1, side): the router on a side stream beside the PDL front GEMV; `w2`:
+    ``K3_DECODE_PDL_W2=1``, the MoE w2 kernel a dependent launch of w13 as well."""
+    monkeypatch.setenv("K3_DECODE_PDL_W2", "1" if w2 else "0")
     if side:
         monkeypatch.setenv("K3_DECODE_ROUTER_FRONT", "0")  # router and front GEMV apart
     _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
@@ -239,7 +242,9 @@ def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool, monkeypatch) -> Non
         torch.cuda.synchronize()
         same &= bool(torch.equal(got, want)) and bool(torch.isfinite(want).all())
         worst = max(worst, float((got - want).abs().max()))
-    record_case(op="executor_pdl", case=f"tp8-r{reqs}-side{int(side)}-4-replays-bitwise",
+    assert pdl.ops._moe.keywords["pdl"] is w2 and plain.ops._moe.keywords["pdl"] is False
+    record_case(op="executor_pdl",
+                case=f"tp8-r{reqs}-side{int(side)}-w2{int(w2)}-4-replays-bitwise",
                 dtype="float32", max_abs_err=worst, max_rel_err=0.0, atol=0.0, rtol=0.0,
                 passed=same)
     assert same, f"PDL changed the logits (max abs diff {worst})"

@@ -129,7 +129,8 @@ class KernelOps:
             raise ValueError(f"K3_DECODE_MOE_NORM={norm_at!r}: use 'gemv' or 'w2'")
         self._norm_in_gemv = norm_at == "gemv"
         self._kda, self._mla = kda_decode, mla_decode
-        self._moe = functools.partial(moe_experts, w13_h2=envs.K3_DECODE_MOE_H2)
+        self._moe = functools.partial(moe_experts, w13_h2=envs.K3_DECODE_MOE_H2,
+                                      pdl=self._pdl and envs.K3_DECODE_PDL_W2)
         self._route, self._attn_res, self._prep, self._mla_prep = (route, attn_res_norm,
                                                                    rms_glu_prep, mla_prep)
         self._mla_qb = mla_qb if envs.K3_DECODE_MLA_QB and not self._torch_prep else None

@@ -275,8 +275,12 @@ def moe_w13_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: c
                    top_k: cutlass.Constexpr, n_exp: cutlass.Constexpr, beta: cutlass.Constexpr,
                    linear_beta: cutlass.Constexpr, pf_x: cutlass.Constexpr,
                    h2: cutlass.Constexpr = False, sh_rows: cutlass.Constexpr = 0,
-                   sh_k: cutlass.Constexpr = 0, sh_split: cutlass.Constexpr = 1):
+                   sh_k: cutlass.Constexpr = 0, sh_split: cutlass.Constexpr = 1,
+                   trigger: cutlass.Constexpr = False):
     """Gate/up GEMV of one token-expert pair over 8 intermediate rows, then SiTU-GLU.
+
+    ``trigger``: signal `griddepcontrol.launch_dependents` at the start, so that a w2 kernel
+    launched as a programmatic dependent launch may start while this one runs.
 
     ``h2``: products and the 32-value chunk sums in f16x2 (`_chunk_dot_h2`: x staged as f16
     with a power-of-two scale per chunk) instead of fp32: ~20% fewer SASS instructions per row
@@ -291,6 +295,8 @@ def moe_w13_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: c
     whose CTAs compute the shared experts' SiTU-GLU from the layer input (`_shared_glu_cta`),
     so their 2 x S bf16 weight rows stream while the expert CTAs decode MXFP4 instead of in the
     router + front launch before."""
+    if cutlass.const_expr(trigger):
+        cute.arch.griddepcontrol_launch_dependents()
     jb, p, _ = cute.arch.block_idx()
     routed = inter // W13_ROWS
     if cutlass.const_expr(pf_x == 0 and sh_rows == 0):
@@ -542,8 +548,13 @@ def moe_w2_kernel(act: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer,
                   counter: cute.Pointer, latent: cutlass.Constexpr, inter: cutlass.Constexpr,
                   top_k: cutlass.Constexpr, n_exp: cutlass.Constexpr, norm: cutlass.Constexpr,
                   shared: cutlass.Constexpr, eps: cutlass.Constexpr, beta: cutlass.Constexpr,
-                  linear_beta: cutlass.Constexpr, passes: cutlass.Constexpr):
+                  linear_beta: cutlass.Constexpr, passes: cutlass.Constexpr,
+                  pdl: cutlass.Constexpr = False):
     """Down GEMV of 8 * passes output rows for one token over all its k experts at once.
+
+    ``pdl`` (a programmatic dependent launch after the w13 kernel): each warp issues its first
+    slot's weight loads (expert ids and weights come from the router, which finished before
+    w13 started), then waits for w13 (`griddepcontrol.wait`) before it stages the activations.
 
     Warp w owns expert slots w, w + W2_SLOT_WARPS, ...: every lane issues the loads of all its
     rows of its slot before anything waits (the whole CTA's weights are in flight together),
@@ -589,6 +600,8 @@ def moe_w2_kernel(act: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer,
                 row = e_id * latent + r0 + 8 * p
                 _load_chunks(w2 + row * (inter // 2), s2 + row * (inter // CHUNK), g, 4,
                              per_lane, words[p], scales[p])
+            if cutlass.const_expr(pdl and rd == 0):
+                cute.arch.griddepcontrol_wait()  # act is the w13 kernel's output
             if cutlass.const_expr(rd > 0):
                 cute.arch.sync_warp()  # every lane is done reading the previous slot's act
             _stage_row_f32(act + pair * inter, xs, inter, warp * inter, 32, False, lane)
@@ -686,7 +699,7 @@ def moe_launch(z: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer, w13: cu
                w13_tc: cutlass.Constexpr = False, w13_tc_blk: cutlass.Constexpr = 0,
                pf_x: cutlass.Constexpr = 0, w13_h2: cutlass.Constexpr = False,
                sh_rows: cutlass.Constexpr = 0, sh_k: cutlass.Constexpr = 0,
-               sh_split: cutlass.Constexpr = 1):
+               sh_split: cutlass.Constexpr = 1, w2_pdl: cutlass.Constexpr = False):
     """Host side: w13 + SiTU-GLU, then w2 + weighted sum (+ norm / shared SiTU), one stream.
     `w13_h2` (SIMT w13 only): its chunk sums in f16x2 (`moe_w13_kernel`'s ``h2``).
     `w13_tc`: the tensor-core w13 (`moe_w13_tc_kernel`) instead of the SIMT one. `norm`: 0,
@@ -694,7 +707,8 @@ def moe_launch(z: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer, w13: cu
     `pf_x` > 0 (SIMT w13 only): that many extra grid columns of w13 prefetch `pf_bytes` of
     `pf` into L2 (`moe_w13_kernel`). `sh_rows` > 0 (SIMT w13 only): the w13 launch also
     writes the shared experts' SiTU-GLU ``ysh [T, sh_rows]`` from ``xh [T, sh_k]`` and
-    ``wsh [2 sh_rows, sh_k]`` (`_shared_glu_cta`)."""
+    ``wsh [2 sh_rows, sh_k]`` (`_shared_glu_cta`). `w2_pdl` (SIMT w13 only): w2 is a
+    programmatic dependent launch of w13 (`moe_w2_kernel`'s ``pdl``)."""
     if cutlass.const_expr(w13_tc):
         blk = w13_tc_blk if w13_tc_blk else w13_tc_blocks(latent)
         moe_w13_tc_kernel(z, ids, w13, s13, act, ld_z, latent, inter, top_k, n_exp, beta,
@@ -704,10 +718,11 @@ def moe_launch(z: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer, w13: cu
     else:
         moe_w13_kernel(z, ids, w13, s13, act, ld_z, pf, pf_bytes, xh, ld_xh, wsh, ysh, ld_ysh,
                        latent, inter, top_k, n_exp, beta, linear_beta, pf_x, w13_h2, sh_rows,
-                       sh_k, sh_split).launch(
+                       sh_k, sh_split, w2_pdl).launch(
             grid=(inter // W13_ROWS + pf_x + shared_glu_columns(sh_rows, sh_split, top_k),
                   n_tok * top_k, 1), block=(W13_WARPS * 32, 1, 1), stream=stream)
     moe_w2_kernel(act, ids, topk_w, w2, s2, out, ld_out, gu, ld_gu, ws, part, counter, latent,
-                  inter, top_k, n_exp, norm, shared, eps, beta, linear_beta, passes).launch(
+                  inter, top_k, n_exp, norm, shared, eps, beta, linear_beta, passes,
+                  w2_pdl).launch(
         grid=(latent // (8 * passes), n_tok, 1), block=(min(top_k, W2_SLOT_WARPS) * 32, 1, 1),
-        stream=stream)
+        stream=stream, use_pdl=w2_pdl)
