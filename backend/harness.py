@@ -53,7 +53,7 @@ def settings() -> dict[str, int]:
         "prep_kernel": int(os.environ.get("K3_DECODE_PREP", "kernel") != "torch"),
         "kda_cluster": int(os.environ.get("K3_DECODE_KDA_CLUSTER", "1") != "0"),
         "router_front": int(os.environ.get("K3_DECODE_ROUTER_FRONT", "1") != "0"),
-        "pdl": int(os.environ.get("K3_DECODE_PDL", "0") == "1"),
+        "pdl": int(os.environ.get("K3_DECODE_PDL", "1") != "0"),
     }
 
 

@@ -81,11 +81,14 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # gemv_normed and the router launch on the caller's stream (session 12) are programmatic
     # dependent launches: their first weight loads go out while the previous kernel runs (each
     # kernel that can precede them signals `griddepcontrol.launch_dependents` at its start).
-    # Off by default: interleaved A/B on the H200 (NOTES.md session 6, run 28) gave the whole
-    # step +1.1% at batch 1 and -0.8 / -0.9% at batches 4 / 8.
-    "K3_DECODE_PDL": lambda: os.environ.get("K3_DECODE_PDL", "0") == "1",
+    # Default since session 12 (router and gemv_normed included; interleaved A/B on the H200,
+    # NOTES.md session 12: whole step -4.2% / -2.7% at batch 1, -4.2% / -2.9% at batch 2 in two
+    # calls, -0.6% / -0.1% at batch 8; session 6 had +1.1% at batch 1 with the GEMVs alone).
+    # "0": ordinary launches.
+    "K3_DECODE_PDL": lambda: os.environ.get("K3_DECODE_PDL", "1") != "0",
     # "1" (with K3_DECODE_PDL on): the MoE w2 kernel is a dependent launch of the SIMT w13 too
     # (its weight loads go out while w13 runs; it waits before reading w13's activations).
+    # Off: no faster on the H200 (session 12: step +0.2% at batch 1, +1.2% at batch 8).
     "K3_DECODE_PDL_W2": lambda: os.environ.get("K3_DECODE_PDL_W2", "0") == "1",
     # Where the latent MoE's RMSNorm runs at 1-2 tokens: "gemv" (default) inside the tail
     # projection (`gemv_normed`: the w2 kernel writes un-normalised bf16 rows + partial sums of

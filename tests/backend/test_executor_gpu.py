@@ -210,8 +210,10 @@ def test_one_token_router_on_a_side_stream(reqs: int, shared: str, monkeypatch) 
                    in k[1] for k in keys), keys
 
 
-@pytest.mark.parametrize("reqs,side,w2", [(1, False, False), (4, False, False), (1, True, False),
-                                          (1, False, True), (2, False, True), (8, False, True)])
+@pytest.mark.parametrize("reqs,side,w2", [
+    (1, False, False), (4, False, False), (1, True, False),
+    pytest.param(1, False, True, marks=pytest.mark.variant),  # K3_DECODE_PDL_W2: opt-in
+    pytest.param(8, False, True, marks=pytest.mark.variant)])
 def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool, w2: bool, monkeypatch) -> None:
     """``KernelOps(pdl=True)`` (SIMT GEMVs as programmatic dependent launches: weight loads start
     while the previous kernel runs, x is read after ``griddepcontrol.wait``) replays to the same

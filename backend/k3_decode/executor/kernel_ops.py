@@ -14,11 +14,12 @@ not say, ``K3_DECODE_SIDE_STREAM=1``) a separate router runs on a second stream 
 projection (joined before the experts); at 1-2 tokens only where ``K3_DECODE_ROUTER_FRONT=0``.
 ``K3_DECODE_SHARED_W13`` (1, 2 or 4) at 1-2 tokens moves the shared experts' gate / up rows out
 of the front projection into extra CTAs of the w13 launch, which write their SiTU-GLU. With ``pdl``
-(``K3_DECODE_PDL=1``) the SIMT GEMVs, the MoE tail's ``gemv_normed`` and the router launch where
-it runs on the caller's stream are programmatic dependent launches: their first weight loads go
-out while the previous kernel runs. Ordinary launches in any case: the MLA op's
-absorb / combine (as PDL launches they cost the MLA layer 3.7% at b1, H200 run 28) and
-``mla_qb`` / ``mla_qb_absorb`` (the q_b projection there). The MLA layer: one fused ``q_a|kv_a|k_pe|gate`` projection, the q_b
+(``K3_DECODE_PDL``, on by default since session 12; "0": ordinary launches) the SIMT GEMVs, the
+MoE tail's ``gemv_normed`` and the router launch where it runs on the caller's stream are
+programmatic dependent launches: their first weight loads go out while the previous kernel
+runs. Ordinary launches in any case: the MLA op's absorb / combine (as PDL launches they cost
+the MLA layer 3.7% at b1, H200 run 28) and ``mla_qb`` / ``mla_qb_absorb`` (the q_b projection
+there). The MLA layer: one fused ``q_a|kv_a|k_pe|gate`` projection, the q_b
 projection with the q_a RMSNorm inside and the kv RMSNorm + cache insert in its launch, and at
 1-2 tokens also the MLA decode's absorb (``mla_qb_absorb``, clusters of 8 CTAs per head;
 ``K3_DECODE_MLA_QBA=0``: ``mla_qb`` and absorb apart; from 3 tokens, or with
