@@ -2,7 +2,8 @@
 # Device side, one call: `k3ft validate` with the backend's profile on the lent H200, unsigned
 # (the signing key never leaves the CPU machine), the run folder packed under $OUT.
 #   bash backend/device/validate.sh [PROFILE]   (default: k3-hopper; about 9 minutes: session
-#   11's run was cut at 525 s with 11 of 12 perf points done, the kernel tier took 398 s)
+#   11's run was cut at 525 s with 11 of 12 perf points done, the kernel tier took 398 s;
+#   session 12's kernel tier took 496 s, so plan the resume call below)
 #   K3FT_RESUME=run.tar.gz bash backend/device/validate.sh: unpack a carried run.tar.gz from an
 #   earlier call and continue it (`k3ft validate --resume`: finished cells are kept).
 # Back on the CPU machine: `k3ft sign <run folder>`, then commit the bundle under bundles/
