@@ -62,6 +62,7 @@ compile_gemv_normed(GemvNormedKey(3584, 4352, 448, 1e-6, 1, False, arch, True))
 compile_router(RouterKey(7168, 896, 16, 1, True, 1.0, arch, 3584 + 1536, True, False, True))
 compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 1, False, 0, True, 0, False,
                    0, 0, 1, True))  # w2 as a dependent launch of w13 (K3_DECODE_PDL_W2)
+compile_attn_res(AttnResKey(7168, 3, True, False, True, 1e-6, 1e-6, arch, False, 0, True))  # PDL
 print("COMPILED", arch)
 """
 KERNELS = ("gemv_kernel", "gemv_mma_kernel", "gemv_normed_kernel", "router_kernel",

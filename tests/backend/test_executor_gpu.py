@@ -213,16 +213,23 @@ def test_one_token_router_on_a_side_stream(reqs: int, shared: str, monkeypatch) 
 @pytest.mark.parametrize("reqs,side,w2", [
     (1, False, False), (4, False, False), (1, True, False),
     pytest.param(1, False, True, marks=pytest.mark.variant),  # K3_DECODE_PDL_W2: opt-in
-    pytest.param(8, False, True, marks=pytest.mark.variant)])
-def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool, w2: bool, monkeypatch) -> None:
+    pytest.param(8, False, True, marks=pytest.mark.variant),
+    pytest.param(1, False, "attnres", marks=pytest.mark.variant),  # K3_DECODE_PDL_ATTNRES
+    pytest.param(2, True, "attnres", marks=pytest.mark.variant)])
+def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool, w2: bool | str,
+                                      monkeypatch) -> None:
     """``KernelOps(pdl=True)`` (SIMT GEMVs as programmatic dependent launches: weight loads start
     while the previous kernel runs, x is read after ``griddepcontrol.wait``) replays to the same
     logits, bit for bit, as ordinary launches, over replays whose inputs change from one step to
     the next (a GEMV that read its input before the wait would see the previous step's values).
     1 request: every GEMV is SIMT, so PDL; 4 requests: tensor-core GEMVs (never PDL) beside the
     SIMT ones; (1, side): the router on a side stream beside the PDL front GEMV; `w2`:
-    ``K3_DECODE_PDL_W2=1``, the MoE w2 kernel a dependent launch of w13 as well."""
+    ``K3_DECODE_PDL_W2=1``, the MoE w2 kernel a dependent launch of w13 as well; "attnres":
+    ``K3_DECODE_PDL_ATTNRES=1``, every AttnRes launch a dependent one."""
+    attnres = w2 == "attnres"
+    w2 = w2 is True
     monkeypatch.setenv("K3_DECODE_PDL_W2", "1" if w2 else "0")
+    monkeypatch.setenv("K3_DECODE_PDL_ATTNRES", "1" if attnres else "0")
     if side:
         monkeypatch.setenv("K3_DECODE_ROUTER_FRONT", "0")  # router and front GEMV apart
     _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
@@ -245,8 +252,10 @@ def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool, w2: bool, monkeypat
         same &= bool(torch.equal(got, want)) and bool(torch.isfinite(want).all())
         worst = max(worst, float((got - want).abs().max()))
     assert pdl.ops._moe.keywords["pdl"] is w2 and plain.ops._moe.keywords["pdl"] is False
+    assert pdl.ops._attn_res.keywords["pdl"] is attnres
+    extra = "-attnres" if attnres else ""
     record_case(op="executor_pdl",
-                case=f"tp8-r{reqs}-side{int(side)}-w2{int(w2)}-4-replays-bitwise",
+                case=f"tp8-r{reqs}-side{int(side)}-w2{int(w2)}{extra}-4-replays-bitwise",
                 dtype="float32", max_abs_err=worst, max_rel_err=0.0, atol=0.0, rtol=0.0,
                 passed=same)
     assert same, f"PDL changed the logits (max abs diff {worst})"

@@ -150,7 +150,8 @@ class KernelOps:
         self._route = functools.partial(route, rolled=envs.K3_DECODE_ROUTER_ROLLED,
                                         prefetch=self._prefetch)
         self._attn_res = functools.partial(attn_res_norm,
-                                           prefetch=envs.K3_DECODE_ATTNRES_PREFETCH)
+                                           prefetch=envs.K3_DECODE_ATTNRES_PREFETCH,
+                                           pdl=self._pdl and envs.K3_DECODE_PDL_ATTNRES)
         self._next_prefetch_bytes = int(envs.K3_DECODE_NEXT_PREFETCH_MB * (1 << 20))
         self._tail_prefetch_bytes = int(envs.K3_DECODE_TAIL_PREFETCH_MB * (1 << 20))
         self._oproj_prefetch_bytes = int(envs.K3_DECODE_OPROJ_PREFETCH_MB * (1 << 20))

@@ -79,8 +79,15 @@ def attn_res_kernel(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
                     num_blocks: cutlass.Constexpr, has_delta: cutlass.Constexpr,
                     write_block: cutlass.Constexpr, out_norm: cutlass.Constexpr,
                     eps: cutlass.Constexpr, out_eps: cutlass.Constexpr,
-                    prefetch: cutlass.Constexpr, pf_ctas: cutlass.Constexpr):
+                    prefetch: cutlass.Constexpr, pf_ctas: cutlass.Constexpr,
+                    pdl: cutlass.Constexpr = False):
     """One token: prefix update, online-softmax mix over the sources, output RMSNorm.
+
+    ``pdl`` (a programmatic dependent launch): the weights and the saved blocks (written by
+    earlier AttnRes launches only) are read and folded into the mix first; the CTA waits for
+    the previous kernel (`griddepcontrol.wait`) just before it reads prefix and delta, the
+    last source. Same order of operations, same bits. A block-write launch (it stores the
+    updated prefix into a saved block) waits at its top instead.
 
     ``prefetch``: threads 0 .. num_blocks-1 first ask L2 for one saved block row each (one bulk
     prefetch of 2H bytes), so the source loads of step 2, which wait behind a CTA reduction
@@ -100,7 +107,24 @@ def attn_res_kernel(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
     else:
         _attn_res_token(prefix, delta, blocks, norm_w, proj_w, out_w, out, block_write_idx,
                         ld_prefix, ld_delta, ld_blk_t, ld_blk_s, ld_out, tok, h, num_blocks,
-                        has_delta, write_block, out_norm, eps, out_eps, prefetch)
+                        has_delta, write_block, out_norm, eps, out_eps, prefetch, pdl)
+
+
+@cute.jit
+def _prefix_update(p_row: cute.Pointer, delta: cute.Pointer, pre: cute.Tensor, tmp: cute.Tensor,
+                   blocks: cute.Pointer, block_write_idx: I32, ld_delta: I64, ld_blk_t: I64,
+                   ld_blk_s: I64, tok: I32, per: cutlass.Constexpr,
+                   has_delta: cutlass.Constexpr, write_block: cutlass.Constexpr):
+    """pre = bf16(prefix + delta), written back in place (and into the written block)."""
+    _load_row(p_row, pre, per)
+    if cutlass.const_expr(has_delta):
+        _load_row(delta + tok.to(I64) * ld_delta, tmp, per)
+        for i in cutlass.range_constexpr(per * V):
+            pre[i] = (pre[i] + tmp[i]).to(BF16).to(F32)
+        _store_row(p_row, pre, per)
+    if cutlass.const_expr(write_block):
+        blk_row = blocks + tok.to(I64) * ld_blk_t
+        _store_row(blk_row + block_write_idx.to(I64) * ld_blk_s, pre, per)
 
 
 @cute.jit
@@ -111,8 +135,11 @@ def _attn_res_token(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
                     num_blocks: cutlass.Constexpr, has_delta: cutlass.Constexpr,
                     write_block: cutlass.Constexpr, out_norm: cutlass.Constexpr,
                     eps: cutlass.Constexpr, out_eps: cutlass.Constexpr,
-                    prefetch: cutlass.Constexpr):
+                    prefetch: cutlass.Constexpr, pdl: cutlass.Constexpr = False):
     """The token CTA's work (the kernel's docstring)."""
+    late = pdl and not write_block  # read prefix / delta after the saved blocks
+    if cutlass.const_expr(pdl and write_block):
+        cute.arch.griddepcontrol_wait()
     if cutlass.const_expr(prefetch):
         tid0, _, _ = cute.arch.thread_idx()
         for s in cutlass.range_constexpr(num_blocks):
@@ -134,15 +161,10 @@ def _attn_res_token(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
         qk[i] = qk[i] * tmp[i]
     pre = cute.make_rmem_tensor((n,), F32)
     p_row = prefix + tok.to(I64) * ld_prefix
-    _load_row(p_row, pre, per)
-    if cutlass.const_expr(has_delta):
-        _load_row(delta + tok.to(I64) * ld_delta, tmp, per)
-        for i in cutlass.range_constexpr(n):
-            pre[i] = (pre[i] + tmp[i]).to(BF16).to(F32)
-        _store_row(p_row, pre, per)
+    if cutlass.const_expr(not late):
+        _prefix_update(p_row, delta, pre, tmp, blocks, block_write_idx, ld_delta, ld_blk_t,
+                       ld_blk_s, tok, per, has_delta, write_block)
     blk_row = blocks + tok.to(I64) * ld_blk_t
-    if cutlass.const_expr(write_block):
-        _store_row(blk_row + block_write_idx.to(I64) * ld_blk_s, pre, per)
     mix = cute.make_rmem_tensor((n,), F32)
     for i in cutlass.range_constexpr(n):
         mix[i] = F32(0.0)
@@ -153,6 +175,10 @@ def _attn_res_token(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
         if cutlass.const_expr(s < num_blocks):
             _load_row(blk_row + s * ld_blk_s, tmp, per)
             src = tmp
+        elif cutlass.const_expr(late):
+            cute.arch.griddepcontrol_wait()  # prefix and delta: the previous kernel's output
+            _prefix_update(p_row, delta, pre, tmp, blocks, block_write_idx, ld_delta,
+                           ld_blk_t, ld_blk_s, tok, per, has_delta, write_block)
         ss = F32(0.0)
         dt = F32(0.0)
         for i in cutlass.range_constexpr(n):
@@ -191,11 +217,11 @@ def attn_res_launch(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
                     has_delta: cutlass.Constexpr, write_block: cutlass.Constexpr,
                     out_norm: cutlass.Constexpr, eps: cutlass.Constexpr,
                     out_eps: cutlass.Constexpr, prefetch: cutlass.Constexpr = False,
-                    pf_ctas: cutlass.Constexpr = 0):
+                    pf_ctas: cutlass.Constexpr = 0, pdl: cutlass.Constexpr = False):
     """Host side: one CTA per token (plus ``pf_ctas`` prefetch CTAs) on the caller's stream
-    (CUDA-graph safe)."""
+    (CUDA-graph safe); `pdl`: a programmatic dependent launch (`attn_res_kernel`)."""
     attn_res_kernel(prefix, delta, blocks, norm_w, proj_w, out_w, out, block_write_idx,
                     ld_prefix, ld_delta, ld_blk_t, ld_blk_s, ld_out, n_tok, pf, pf_bytes, h,
                     num_blocks, has_delta, write_block, out_norm, eps, out_eps, prefetch,
-                    pf_ctas).launch(
-        grid=(n_tok + pf_ctas, 1, 1), block=(THREADS, 1, 1), stream=stream)
+                    pf_ctas, pdl).launch(
+        grid=(n_tok + pf_ctas, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=pdl)

@@ -58,6 +58,7 @@ class AttnResKey:
     arch: str
     prefetch: bool = False
     pf_ctas: int = 0
+    pdl: bool = False  # a programmatic dependent launch (kernel.attn_res_kernel)
 
 
 def check_inputs(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
@@ -114,7 +115,7 @@ def compile_attn_res(key: AttnResKey, extra_options: str = ""):
             + [fake_ptr(cutlass.Uint8), i64(0)])
     return cute.compile(attn_res_launch, *args, cuda.CUstream(0), key.hidden, key.num_blocks,
                         key.has_delta, key.write_block, key.out_norm, key.eps, key.out_eps,
-                        key.prefetch, key.pf_ctas,
+                        key.prefetch, key.pf_ctas, key.pdl,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
@@ -123,13 +124,15 @@ def attn_res_norm(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torc
                   num_blocks: int, block_write_idx: int = -1, eps: float = 1e-6,
                   out_eps: float = 1e-6, out: torch.Tensor | None = None,
                   prefetch: bool = False, upcoming: torch.Tensor | None = None,
-                  upcoming_bytes: int = 0, prefetch_ctas: int = PREFETCH_CTAS) -> torch.Tensor:
+                  upcoming_bytes: int = 0, prefetch_ctas: int = PREFETCH_CTAS,
+                  pdl: bool = False) -> torch.Tensor:
     """Run the fused AttnRes + RMSNorm kernel (see the module docstring); returns `out`.
     `prefetch=True`: the saved block rows are bulk-prefetched into L2 at the kernel's start.
     `upcoming` (a contiguous tensor the next kernel reads, e.g. its weight) with
     `upcoming_bytes` > 0: `prefetch_ctas` extra CTAs bulk-prefetch its first
     `min(upcoming_bytes, its size)` bytes (rounded down to 16) into L2 while the token CTAs run.
-    Neither changes the result (`kernel.attn_res_kernel`)."""
+    `pdl=True`: a programmatic dependent launch (weights and saved blocks first, then a wait
+    before prefix / delta). None of these changes the result (`kernel.attn_res_kernel`)."""
     if out is None:
         need(isinstance(prefix, torch.Tensor), AttnResInputError, OP, "prefix must be a tensor")
         out = torch.empty(prefix.shape, dtype=BF, device=prefix.device)
@@ -138,7 +141,8 @@ def attn_res_norm(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torc
     pf_bytes = check_upcoming(upcoming, upcoming_bytes, prefetch_ctas, prefix.device)
     key = AttnResKey(h, num_blocks, delta is not None, block_write_idx >= 0,
                      out_norm_w is not None, float(eps), float(out_eps), target_arch(),
-                     bool(prefetch) and num_blocks > 0, prefetch_ctas if pf_bytes else 0)
+                     bool(prefetch) and num_blocks > 0, prefetch_ctas if pf_bytes else 0,
+                     bool(pdl))
     fn = compile_attn_res(key)
     import cutlass
 

@@ -58,7 +58,10 @@ def gemv_normed_kernel(x: cute.Pointer, part: cute.Pointer, w: cute.Pointer, y: 
                        tt: cutlass.Constexpr, pdl: cutlass.Constexpr = False):
     """One warp per weight row, `tt` tokens per CTA. ``pdl`` (a programmatic dependent
     launch): `row_dot` issues the first weight loads, then waits for the previous kernel (the
-    w2 kernel, which writes x and `part`); the partial sums are read after it."""
+    w2 kernel, which writes x and `part`); the partial sums are read after it. It then also
+    signals `griddepcontrol.launch_dependents` at its start (a dependent AttnRes may start)."""
+    if cutlass.const_expr(pdl):
+        cute.arch.griddepcontrol_launch_dependents()
     lane = cute.arch.lane_idx()
     warp = cute.arch.warp_idx()
     rb, tb, _ = cute.arch.block_idx()
