@@ -54,7 +54,21 @@ def settings() -> dict[str, int]:
         "kda_cluster": int(os.environ.get("K3_DECODE_KDA_CLUSTER", "1") != "0"),
         "router_front": int(os.environ.get("K3_DECODE_ROUTER_FRONT", "1") != "0"),
         "pdl": int(os.environ.get("K3_DECODE_PDL", "1") != "0"),
+        # opt-in variants of session 12 (each changes the candidate's kernels)
+        "pdl_w2": int(os.environ.get("K3_DECODE_PDL_W2", "0") == "1"),
+        "pdl_attnres": int(os.environ.get("K3_DECODE_PDL_ATTNRES", "0") == "1"),
+        "shared_w13": _shared_w13(),
     }
+
+
+def _shared_w13() -> int:
+    """``K3_DECODE_SHARED_W13`` as the backend reads it; a bad value is a usage error."""
+    from backend.k3_decode import envs
+
+    try:
+        return envs.K3_DECODE_SHARED_W13
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _model(tp: int, s: dict[str, int]) -> Any:

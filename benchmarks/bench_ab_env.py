@@ -13,8 +13,9 @@ Two sides (`VAR A B`; several knobs: comma-separated names and as many values pe
 `--each NAME=VALUE ...`: a reference side with every named knob at "0" (only knobs that are
 off at "0" by default: the reference is the default executor), one side per knob at its value,
 and with `--all` one side with all of them; or `--sides LABEL:NAME=V,NAME=V ...`: any number
-of sides, each with its own knobs (unnamed knobs keep their defaults; the first side is the
-reference, e.g. `ref:` for the default executor). All in one process, so the model's weights
+of sides, each with its own knobs (a knob that another side names but this one does not is
+unset while this side is built, i.e. at its default; the first side is the reference, e.g.
+`ref:` for the default executor). All in one process, so the model's weights
 are made and the kernels compiled once.
 
 Each side gets its own `KernelOps` (knobs are read when an executor's ops are made, some again
@@ -59,7 +60,7 @@ class Side:
     """One configuration: a label and the knob values set while it is built."""
 
     label: str
-    env: dict[str, str]
+    env: dict[str, str | None]  # None: unset while the side is built
 
 
 def _put(values: dict[str, str | None]) -> None:
@@ -202,7 +203,8 @@ def _sides_from_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> l
         labels = [x.label for x in sides]
         if len(sides) < 2 or len(set(labels)) != len(labels):
             ap.error("--sides needs at least two sides with distinct labels")
-        return sides
+        named = sorted({n for x in sides for n in x.env})
+        return [Side(x.label, {n: x.env.get(n) for n in named}) for x in sides]
     if args.each:
         if args.pair:
             ap.error("give either VAR A B or --each, not both")

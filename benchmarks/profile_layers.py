@@ -10,11 +10,12 @@ named from its kernels (KDA or MLA attention; routed experts or dense MLP). A la
 span in the replayed step: from its first kernel's start to the next layer's first kernel's
 start (the last layer: to the end of its last kernel), so gaps count and kernels that overlap on
 a side stream count once; the sum of its kernels' durations is reported beside it (it counts
-overlapping kernels twice and gaps not at all; the two agree within ~1 us for a one-stream
-layer). The fraction of the roofline is taken from the span. Bytes that must
-move per layer come from the TP8 shard shapes: weights once, the KDA state read + written per
-token slot, the MLA cache rows, and the experts touched (exactly 16 at one token; for T tokens the
-expected number of distinct experts under independent uniform routing, 896 * (1 - (1 - 16/896)^T)).
+overlapping kernels twice and gaps not at all; for a one-stream layer at 1k context the two
+agree within ~1 us, at 32k the MLA layer's gaps add ~5 us). The fraction of the roofline is
+taken from the span. Bytes that must move per layer come from the TP8 shard shapes: weights
+once, the KDA state read + written per token slot, the MLA cache rows, and the experts touched
+(exactly 16 at one token; for T tokens the expected number of distinct experts under
+independent uniform routing, 896 * (1 - (1 - 16/896)^T)).
 """
 
 from __future__ import annotations

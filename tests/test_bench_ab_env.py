@@ -97,15 +97,18 @@ def test_each_builds_a_reference_one_side_per_knob_and_all() -> None:
 
 
 def test_sides_give_each_side_its_own_knobs() -> None:
-    """`--sides LABEL:NAME=V,...`: any number of sides (the first is the reference); a side
-    with no knobs is the default executor, knobs a side does not name keep their defaults."""
+    """`--sides LABEL:NAME=V,...`: any number of sides (the first is the reference); a knob
+    another side names but this one does not is unset (None) while it is built, so a side with
+    no knobs is the default executor whatever the calling environment holds."""
     mod = _module()
     args = mod.parse_args(["--sides", "ref:", "side:K3_DECODE_ROUTER_FRONT=0,K3_DECODE_SIDE_STREAM=1",
                            "w13:K3_DECODE_SHARED_W13=2"])
+    none = dict.fromkeys(("K3_DECODE_ROUTER_FRONT", "K3_DECODE_SHARED_W13",
+                          "K3_DECODE_SIDE_STREAM"))
     assert args.sides == [
-        mod.Side("ref", {}),
-        mod.Side("side", {"K3_DECODE_ROUTER_FRONT": "0", "K3_DECODE_SIDE_STREAM": "1"}),
-        mod.Side("w13", {"K3_DECODE_SHARED_W13": "2"})]
+        mod.Side("ref", none),
+        mod.Side("side", {**none, "K3_DECODE_ROUTER_FRONT": "0", "K3_DECODE_SIDE_STREAM": "1"}),
+        mod.Side("w13", {**none, "K3_DECODE_SHARED_W13": "2"})]
 
 
 @pytest.mark.parametrize(("args", "says"), [

@@ -88,11 +88,14 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     "K3_DECODE_PDL": lambda: os.environ.get("K3_DECODE_PDL", "1") != "0",
     # "1" (with K3_DECODE_PDL on): the MoE w2 kernel is a dependent launch of the SIMT w13 too
     # (its weight loads go out while w13 runs; it waits before reading w13's activations).
-    # Off: no faster on the H200 (session 12: step +0.2% at batch 1, +1.2% at batch 8).
+    # Off: no faster on the H200 (session 12, against PDL without it: step +0.3% at batch 1,
+    # +1.3% at batch 8).
     "K3_DECODE_PDL_W2": lambda: os.environ.get("K3_DECODE_PDL_W2", "0") == "1",
     # "1" (with K3_DECODE_PDL on): the AttnRes launches are dependent launches too (weights and
     # saved blocks before the wait, prefix and delta after it). Off: timed on the H200 after the
     # session-12 bundle (whole step -1.3% at batch 1, -1.1% at 8), not validated with it yet.
+    # Safe while the attention kernels between a layer's two AttnRes are ordinary launches
+    # (ops/attn_res/kernel.py: the saved blocks are read before the wait).
     "K3_DECODE_PDL_ATTNRES": lambda: os.environ.get("K3_DECODE_PDL_ATTNRES", "0") == "1",
     # Where the latent MoE's RMSNorm runs at 1-2 tokens: "gemv" (default) inside the tail
     # projection (`gemv_normed`: the w2 kernel writes un-normalised bf16 rows + partial sums of

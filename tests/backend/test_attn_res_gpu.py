@@ -138,35 +138,39 @@ def test_attn_res_upcoming_prefetch_changes_no_bit(t: int, nbytes: int, ctas: in
 
 
 @pytest.mark.variant
-@pytest.mark.parametrize("t,num_blocks,has_delta,write_idx", [
-    (1, 1, True, -1), (2, 8, True, -1), (3, 0, True, -1), (1, 3, False, -1), (5, 3, True, 3)])
-def test_attn_res_as_a_dependent_launch_is_bit_equal(t: int, num_blocks: int, has_delta: bool,
+@pytest.mark.parametrize("t,num_blocks,write_idx", [(1, 1, -1), (2, 8, -1), (3, 0, -1),
+                                                   (5, 3, 3)])
+def test_attn_res_as_a_dependent_launch_is_bit_equal(t: int, num_blocks: int,
                                                      write_idx: int) -> None:
     """`pdl=True` (``K3_DECODE_PDL_ATTNRES=1``): the saved blocks are folded into the mix before
-    `griddepcontrol.wait`, prefix and delta after it (a block-write launch waits at its top),
-    launched right after kernels that rewrite prefix and delta on the same stream: output,
-    updated prefix and written block bit-equal to the plain launch; output against float64."""
+    `griddepcontrol.wait`, prefix and delta after it (a block-write launch waits at its top).
+    It runs right after our SIMT GEMV, which writes delta and signals `launch_dependents` at its
+    start (so the AttnRes really may start early); delta is NaN-poisoned before the GEMV, so a
+    read before the wait would show. Output, updated prefix and written block bit-equal to the
+    ordinary launch after the same GEMV; the output against float64."""
     from backend.k3_decode.ops.attn_res import attn_res_norm
+    from backend.k3_decode.ops.gemv import gemv
 
     inp = make_inputs(t, 9, seed=900 + t * 10 + num_blocks)
-    ref_prefix, ref_blocks = inp["prefix"].clone(), inp["blocks"].clone()
-    delta0 = inp["delta"] if has_delta else None
-    ref = attn_res(ref_prefix, delta0, ref_blocks, inp["norm_w"], inp["proj_w"],
-                   inp["out_norm_w"], num_blocks, write_idx)
+    g = torch.Generator(device="cpu").manual_seed(31 + t)
+    a = torch.randn(t, 256, generator=g).to(torch.bfloat16).cuda()
+    wd = (torch.randn(H, 256, generator=g) * 0.1).to(torch.bfloat16).cuda()
+    delta = torch.empty(t, H, dtype=torch.bfloat16, device="cuda")
     res = []
-    for pdl in (False, True):
-        prefix, blocks = torch.zeros_like(inp["prefix"]), inp["blocks"].clone()
-        delta = torch.zeros_like(inp["delta"]) if has_delta else None
-        prefix.copy_(inp["prefix"])  # the launches right before write prefix and delta
-        if has_delta:
-            delta.copy_(inp["delta"])
+    for pdl in (True, False):
+        prefix, blocks = inp["prefix"].clone(), inp["blocks"].clone()
+        poison_(delta)
+        gemv(a, wd, delta, variant="simt")  # writes delta
         out = poison_(torch.empty(t, H, dtype=torch.bfloat16, device="cuda"))
         attn_res_norm(prefix, delta, blocks, inp["norm_w"], inp["proj_w"], inp["out_norm_w"],
                       num_blocks, write_idx, out=out, pdl=pdl)
         res.append((out, prefix, blocks))
     torch.cuda.synchronize()
-    case = f"t{t}/nb{num_blocks}/delta{int(has_delta)}/w{write_idx}/pdl"
-    ok, msg = check_and_record(OP, f"{case}/out", res[1][0], ref, 2e-2, 2e-2,
+    assert bool(torch.isfinite(res[0][0]).all()), "the dependent AttnRes read before its wait"
+    ref = attn_res(inp["prefix"].clone(), delta, inp["blocks"].clone(), inp["norm_w"],
+                   inp["proj_w"], inp["out_norm_w"], num_blocks, write_idx)
+    case = f"t{t}/nb{num_blocks}/w{write_idx}/pdl"
+    ok, msg = check_and_record(OP, f"{case}/out", res[0][0], ref, 2e-2, 2e-2,
                                REL_FRO[torch.bfloat16])
     assert ok, msg
     assert all(torch.equal(a, b) for a, b in zip(res[0], res[1], strict=True)), "pdl changed bits"

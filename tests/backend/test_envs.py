@@ -61,3 +61,24 @@ def test_shared_w13_refuses(raw, monkeypatch) -> None:
     monkeypatch.setenv("K3_DECODE_SHARED_W13", raw)
     with pytest.raises(ValueError, match="K3_DECODE_SHARED_W13=.*give one of 0, 1, 2, 4"):
         _ = envs.K3_DECODE_SHARED_W13
+
+
+def test_harness_settings_record_the_session12_knobs(monkeypatch) -> None:
+    """The harness's configuration (it goes into a bundle's digest) records the dependent-launch
+    switches and the shared-rows split; a bad split is a usage error, not a traceback."""
+    from backend.harness import settings
+    from k3fasttrack.errors import UsageError
+
+    for knob in ("K3_DECODE_PDL", "K3_DECODE_PDL_W2", "K3_DECODE_PDL_ATTNRES",
+                 "K3_DECODE_SHARED_W13"):
+        monkeypatch.delenv(knob, raising=False)
+    s = settings()
+    assert (s["pdl"], s["pdl_w2"], s["pdl_attnres"], s["shared_w13"]) == (1, 0, 0, 0)
+    monkeypatch.setenv("K3_DECODE_PDL", "0")
+    monkeypatch.setenv("K3_DECODE_PDL_ATTNRES", "1")
+    monkeypatch.setenv("K3_DECODE_SHARED_W13", "4")
+    s = settings()
+    assert (s["pdl"], s["pdl_attnres"], s["shared_w13"]) == (0, 1, 4)
+    monkeypatch.setenv("K3_DECODE_SHARED_W13", "3")
+    with pytest.raises(UsageError, match="K3_DECODE_SHARED_W13='3'"):
+        settings()

@@ -161,32 +161,34 @@ def test_gemv_normed_matches_reference(n: int, lat: int, s: int, t: int, strided
 
 @pytest.mark.parametrize("t", [1, 2])
 def test_gemv_normed_as_a_dependent_launch_is_bit_equal(t: int) -> None:
-    """`gemv_normed(pdl=True)` (the MoE tail with ``K3_DECODE_PDL=1``: first weight loads, wait,
-    then x and the partial sums) right after a kernel that rewrites x and `part` on the same
-    stream: bit-equal to the plain launch, and both agree with float64."""
-    from backend.k3_decode.ops.gemv import gemv_normed
+    """`gemv_normed(pdl=True)` (the MoE tail with ``K3_DECODE_PDL``, default on: first weight
+    loads, wait, then x and the partial sums) right after two of our SIMT GEMVs that write x and
+    `part` and signal `launch_dependents` at their start (so it really may start early); x and
+    `part` are NaN-poisoned before them, so a read before the wait would show. Bit-equal to the
+    ordinary launch after the same GEMVs, and both agree with float64 on the values written."""
+    from backend.k3_decode.ops.gemv import gemv, gemv_normed
 
-    lat, s, n = 3584, 768, 7168
+    lat, s, n, k = 3584, 768, 7168, 256
     g = torch.Generator(device="cpu").manual_seed(901 + t)
-    y32 = torch.randn(t, lat, generator=g) * 5
-    x0 = torch.randn(t, lat + s, generator=g).to(torch.bfloat16)
-    x0[:, :lat] = y32.to(torch.bfloat16)
-    x0 = x0.cuda()
+    a = torch.randn(t, k, generator=g).to(torch.bfloat16).cuda()
+    wx = (torch.randn(lat + s, k, generator=g) * 0.3).to(torch.bfloat16).cuda()
+    wp = (torch.rand(lat // 8, k, generator=g) * 0.5).to(torch.bfloat16).cuda()  # part > 0
     w = (torch.randn(n, lat + s, generator=g) * 0.02).to(torch.bfloat16).cuda()
-    part0 = y32.pow(2).view(t, lat // 8, 8).sum(-1).contiguous().cuda()
-    x, part = torch.zeros_like(x0), torch.zeros_like(part0)
+    x = torch.empty(t, lat + s, dtype=torch.bfloat16, device="cuda")
+    part = torch.empty(t, lat // 8, device="cuda")
     outs = []
-    for pdl in (False, True):
-        x.zero_()
-        part.zero_()
-        x.copy_(x0)
-        part.copy_(part0)  # the launches right before write x and part
+    for pdl in (True, False):
+        poison_(x)
+        poison_(part)
+        gemv(a, wx, x, variant="simt")  # writes x
+        gemv(a.abs(), wp, part, variant="simt")  # writes part (fp32, positive)
         out = poison_(torch.empty(t, n, dtype=torch.bfloat16, device="cuda"))
         outs.append(gemv_normed(x, lat, part, w, 1e-6, out, pdl=pdl))
     torch.cuda.synchronize()
-    inv = torch.rsqrt(y32.double().cuda().pow(2).mean(-1, keepdim=True) + 1e-6)
-    ref = torch.cat([x0[:, :lat].double() * inv, x0[:, lat:].double()], -1) @ w.double().T
-    ok, msg = check_and_record(OP, f"normed/{n}x{lat}+{s}/t{t}/pdl", outs[1], ref, 2e-2, 2e-2,
+    assert bool(torch.isfinite(outs[0]).all()), "the dependent launch read before its wait"
+    inv = torch.rsqrt(part.double().sum(-1, keepdim=True) / lat + 1e-6)
+    ref = torch.cat([x[:, :lat].double() * inv, x[:, lat:].double()], -1) @ w.double().T
+    ok, msg = check_and_record(OP, f"normed/{n}x{lat}+{s}/t{t}/pdl", outs[0], ref, 2e-2, 2e-2,
                                REL_FRO[torch.bfloat16])
     assert ok, msg
     assert torch.equal(outs[0], outs[1])

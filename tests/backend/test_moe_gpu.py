@@ -394,25 +394,27 @@ def test_moe_shared_glu_rides_in_w13(batch: int, split: int) -> None:
 def test_moe_w2_as_a_dependent_launch_is_bit_equal(batch: int, normalize: bool) -> None:
     """`pdl=True` (w2 a programmatic dependent launch of w13, ``K3_DECODE_PDL_W2=1``; w13 then
     signals at its start): its weight loads go out while w13 runs and it waits before reading
-    w13's activations. Same bits as the plain launches (deferred norm with the shared SiTU, or
-    no norm), and float64 agrees; poisoned outputs."""
+    w13's activations. The activation workspace is NaN-poisoned before each run (and the
+    dependent run goes first), so a read before the wait would show. Same bits as the plain
+    launches (deferred norm with the shared SiTU, or no norm), and float64 agrees."""
     from backend.k3_decode.ops.moe import moe_experts
 
     inp = make_inputs(batch, 896, 384, seed=950 + batch)
     gu = (torch.randn(batch, 2 * 768, device="cuda") * 3).to(torch.bfloat16) if normalize \
         else None
     outs = []
-    for pdl in (False, True):
+    for pdl in (True, False):
         width = LATENT + (768 if normalize else 0)
         out = poison_(torch.empty(batch, width, dtype=torch.bfloat16, device="cuda"))
+        act = poison_(torch.empty(batch * 16, 384, device="cuda"))
         kw = {}
         if normalize:
             kw = {"normalize": True, "gu": gu,
                   "norm_part": poison_(torch.empty(batch, LATENT // 8, device="cuda"))}
-        moe_experts(**inp, out=out, pdl=pdl, **kw)
+        moe_experts(**inp, out=out, act=act, pdl=pdl, **kw)
         outs.append((out, kw.get("norm_part")))
     torch.cuda.synchronize()
-    ok, msg = check_and_record(OP, f"e896/i384/b{batch}/w2_pdl", outs[1][0][:, :LATENT],
+    ok, msg = check_and_record(OP, f"e896/i384/b{batch}/w2_pdl", outs[0][0][:, :LATENT],
                                reference(inp), 2e-2, 2e-2, REL_FRO[torch.bfloat16])
     assert ok, msg
     assert torch.equal(outs[0][0], outs[1][0])

@@ -217,18 +217,24 @@ def test_router_front_with_row_prefetch_is_bit_equal(batch: int, rolled: bool) -
 @pytest.mark.parametrize(("batch", "front_rows"), [(1, 3584 + 1536), (2, 3584), (5, 0)])
 def test_router_as_a_dependent_launch_is_bit_equal(batch: int, front_rows: int) -> None:
     """The router (+ front) launch as a programmatic dependent launch (`pdl=True`, taken by the
-    executor with ``K3_DECODE_PDL=1``) right after a kernel that rewrites x on the same stream:
-    scores, ids, weights and the front rows bit-equal to the plain launch reading the same x;
-    poisoned outputs. (The executor-level PDL test replays whole steps whose inputs change.)"""
+    executor with ``K3_DECODE_PDL``, default on) right after our AttnRes kernel, which writes x
+    and signals `launch_dependents` at its start (so the router really may start early); x is
+    NaN-poisoned before each AttnRes launch, so a read before the wait would show. Scores, ids,
+    weights and front rows bit-equal to the ordinary launch after the same AttnRes."""
+    from backend.k3_decode.ops.attn_res import attn_res_norm
     from backend.k3_decode.ops.router import route
 
     inp = make_inputs(batch, 896, seed=160 + batch)
     g = torch.Generator(device="cpu").manual_seed(191 + batch)
     front = ((torch.randn(front_rows, HIDDEN, generator=g) * 0.02).to(torch.bfloat16).cuda()
              if front_rows else None)
-    x = inp["x"].clone()
+    prefix = (torch.randn(batch, HIDDEN, generator=g) * 2).to(torch.bfloat16).cuda()
+    blocks = torch.randn(batch, 1, HIDDEN, generator=g).to(torch.bfloat16).cuda()
+    nw = (torch.randn(HIDDEN, generator=g) * 0.2 + 1).to(torch.bfloat16).cuda()
+    pw = (torch.randn(HIDDEN, generator=g) * 0.05).to(torch.bfloat16).cuda()
+    x = torch.empty(batch, HIDDEN, dtype=torch.bfloat16, device="cuda")
     res = []
-    for pdl in (False, True):
+    for pdl in (True, False):
         out = (poison_(torch.empty(batch, 16, device="cuda")),
                poison_(torch.empty(batch, 16, dtype=torch.int32, device="cuda")),
                poison_(torch.empty(batch, 896, device="cuda")))
@@ -236,10 +242,11 @@ def test_router_as_a_dependent_launch_is_bit_equal(batch: int, front_rows: int) 
         if front is not None:
             kw = {"front": front, "front_out": poison_(torch.empty(
                 batch, front_rows, dtype=torch.bfloat16, device="cuda"))}
-        x.zero_()
-        x.copy_(inp["x"])  # the launch right before writes x
+        poison_(x)
+        attn_res_norm(prefix, None, blocks, nw, pw, nw, 1, -1, out=x)  # writes x
         res.append(route(x, inp["gate_w"], inp["bias"], out=out, rolled=True, pdl=pdl, **kw))
     torch.cuda.synchronize()
+    assert bool(torch.isfinite(res[0][2]).all()), "the dependent router read x before its wait"
     same = all(torch.equal(a, b) for a, b in zip(res[0], res[1], strict=True))
     record_case(op=OP, case=f"e896/b{batch}/front{front_rows}/pdl/bitwise", dtype="float32",
                 max_abs_err=float((res[0][2] - res[1][2]).abs().max()), max_rel_err=0.0,

@@ -293,7 +293,8 @@ class KernelOps:
                       xt[:, :lat] if sh_w13 else xt, normalize=True, norm_part=part,
                       w2_passes=W2_PASSES, upcoming=tail,
                       upcoming_bytes=self._tail_prefetch_bytes, **sh, **glu)
-            return self._gemv_normed(xt, lat, part, tail, self.cfg.rms_eps, out, pdl=self._pdl)
+            return self._gemv_normed(xt, lat, part, tail, self.cfg.rms_eps, out, pdl=self._pdl,
+                                     trigger=self._attn_res.keywords["pdl"])
         else:  # the w2 kernel also writes the latent RMSNorm and the shared SiTU into xt
             self._moe(fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, xt,
                       normalize=True, gu=fr[:, lat:], eps=self.cfg.rms_eps, counter=c_moe,

@@ -87,7 +87,11 @@ def attn_res_kernel(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
     earlier AttnRes launches only) are read and folded into the mix first; the CTA waits for
     the previous kernel (`griddepcontrol.wait`) just before it reads prefix and delta, the
     last source. Same order of operations, same bits. A block-write launch (it stores the
-    updated prefix into a saved block) waits at its top instead.
+    updated prefix into a saved block) waits at its top instead. INVARIANT the caller keeps:
+    between a block-writing AttnRes and any later AttnRes launched with ``pdl`` there is at
+    least one ordinary (non-dependent) launch, so the block is complete before it is read
+    without a wait (the executor: the KDA kernel, `mla_qba` / MLA prep and the dense layer's
+    prep are ordinary; making those dependent launches needs this revisited).
 
     ``prefetch``: threads 0 .. num_blocks-1 first ask L2 for one saved block row each (one bulk
     prefetch of 2H bytes), so the source loads of step 2, which wait behind a CTA reduction

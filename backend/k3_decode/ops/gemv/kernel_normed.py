@@ -55,12 +55,13 @@ def _load_partials(part: cute.Pointer, ssv: cute.Tensor, tok0: I32, n_tok: I32,
 def gemv_normed_kernel(x: cute.Pointer, part: cute.Pointer, w: cute.Pointer, y: cute.Pointer,
                        n_rows: I32, n_tok: I32, ld_x: I64, ld_y: I64, latent: cutlass.Constexpr,
                        k: cutlass.Constexpr, nb: cutlass.Constexpr, eps: cutlass.Constexpr,
-                       tt: cutlass.Constexpr, pdl: cutlass.Constexpr = False):
+                       tt: cutlass.Constexpr, pdl: cutlass.Constexpr = False,
+                       trigger: cutlass.Constexpr = False):
     """One warp per weight row, `tt` tokens per CTA. ``pdl`` (a programmatic dependent
     launch): `row_dot` issues the first weight loads, then waits for the previous kernel (the
-    w2 kernel, which writes x and `part`); the partial sums are read after it. It then also
-    signals `griddepcontrol.launch_dependents` at its start (a dependent AttnRes may start)."""
-    if cutlass.const_expr(pdl):
+    w2 kernel, which writes x and `part`); the partial sums are read after it. ``trigger``:
+    signal `griddepcontrol.launch_dependents` at the start (a dependent AttnRes may start)."""
+    if cutlass.const_expr(trigger):
         cute.arch.griddepcontrol_launch_dependents()
     lane = cute.arch.lane_idx()
     warp = cute.arch.warp_idx()
@@ -101,12 +102,13 @@ def gemv_normed_launch(x: cute.Pointer, part: cute.Pointer, w: cute.Pointer, y: 
                        n_rows: I32, n_tok: I32, ld_x: I64, ld_y: I64, stream: cuda.CUstream,
                        latent: cutlass.Constexpr, k: cutlass.Constexpr, nb: cutlass.Constexpr,
                        eps: cutlass.Constexpr, tt: cutlass.Constexpr,
-                       min_ctas: cutlass.Constexpr = 0, pdl: cutlass.Constexpr = False):
+                       min_ctas: cutlass.Constexpr = 0, pdl: cutlass.Constexpr = False,
+                       trigger: cutlass.Constexpr = False):
     """Host side: grid (ceil(N / 8), ceil(T / tt)) on the caller's stream; `min_ctas` > 0:
     launch bounds asking ptxas for that many CTAs per SM (`MIN_CTAS_PER_SM`); `pdl`: a
-    programmatic dependent launch."""
+    programmatic dependent launch; `trigger`: let a dependent launch after it start early."""
     gemv_normed_kernel(x, part, w, y, n_rows, n_tok, ld_x, ld_y, latent, k, nb, eps,
-                       tt, pdl).launch(grid=((n_rows + WARPS - 1) // WARPS,
+                       tt, pdl, trigger).launch(grid=((n_rows + WARPS - 1) // WARPS,
                                              (n_tok + tt - 1) // tt, 1),
                                        block=(THREADS, 1, 1), stream=stream,
                                        min_blocks_per_mp=min_ctas, use_pdl=pdl,

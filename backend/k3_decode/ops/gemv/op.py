@@ -215,6 +215,7 @@ class GemvNormedKey:
     out_f32: bool
     arch: str
     pdl: bool = False  # a programmatic dependent launch (kernel_normed.gemv_normed_launch)
+    trigger: bool = False  # signals launch_dependents at its start (a dependent AttnRes)
 
 
 @functools.cache
@@ -232,7 +233,7 @@ def compile_gemv_normed(key: GemvNormedKey, extra_options: str = ""):
             cuda.CUstream(0)]
     bound = kernel_normed.MIN_CTAS_PER_SM if key.tt == 1 and key.arch == "sm_90a" else 0
     return cute.compile(kernel_normed.gemv_normed_launch, *args, key.latent, key.k, key.nb,
-                        key.eps, key.tt, bound, key.pdl,
+                        key.eps, key.tt, bound, key.pdl, key.trigger,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
@@ -266,20 +267,22 @@ def check_normed_inputs(x: torch.Tensor, latent: int, part: torch.Tensor, w: tor
 
 
 def gemv_normed(x: torch.Tensor, latent: int, part: torch.Tensor, w: torch.Tensor, eps: float,
-                out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+                out: torch.Tensor | None = None, pdl: bool = False,
+                trigger: bool = False) -> torch.Tensor:
     """`out = [rms_norm(x[:, :latent]) | x[:, latent:]] @ w.T` for 1-2 rows (kernel_normed.py):
     `x` bf16 [T, K] with the un-normalised latent rows first, `part` fp32 [T, nb] with
     `sum(part[t])` = the latent rows' sum of squares (the w2 kernel's per-CTA sums of its fp32
     rows), `w` bf16 [N, K]; the norm has no weight, eps inside the rsqrt. `pdl`: a
     programmatic dependent launch (first weight loads, then wait, then x and `part`; same
-    result)."""
+    result). `trigger`: it signals `griddepcontrol.launch_dependents` at its start, so a
+    dependent launch after it (an AttnRes with ``K3_DECODE_PDL_ATTNRES``) may start early."""
     if out is None:
         need(isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() == 2
              and w.dim() == 2, GemvInputError, OP, "gemv_normed: x must be [T, K], w [N, K]")
         out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=x.device)
     t, k = check_normed_inputs(x, latent, part, w, out, eps)
     key = GemvNormedKey(latent, k, part.shape[1], float(eps), t, out.dtype == torch.float32,
-                        target_arch(), bool(pdl))
+                        target_arch(), bool(pdl), bool(trigger))
     fn = compile_gemv_normed(key)
     import cutlass
 

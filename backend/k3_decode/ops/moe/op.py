@@ -161,7 +161,8 @@ def compile_moe(key: MoeKey, extra_options: str = ""):
     return cute.compile(moe_launch, *args, key.latent, key.inter, key.top_k, key.experts,
                         key.beta, key.linear_beta, norm, key.shared, key.eps,
                         key.w2_passes, key.w13_tc, key.w13_tc_blocks, key.pf_x, key.w13_h2,
-                        key.sh_rows, key.sh_k, key.sh_split, key.w2_pdl, options=f"--gpu-arch {key.arch} {extra_options}".strip())
+                        key.sh_rows, key.sh_k, key.sh_split, key.w2_pdl,
+                        options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
 SHARED_SPLITS = (1, 2, 4)
