@@ -115,15 +115,16 @@ def rows(bundle: Path) -> list[dict]:
             reqs, q, ctx = _params(hit["pt"])
             ev = _events(json.load(tar.extractfile(member)))
             ks = [(n, d) for n, d, _ in ev]
+            end_all = max((t + d for _, d, t in ev), default=0.0)  # the step's last kernel end
             row = {"point": hit["pt"], "side": hit["side"], "kernels": len(ks),
                    "step_us": sum(d for _, d in ks),
-                   "step_span_us": (max(t + d for _, d, t in ev) - ev[0][2]) if ev else 0.0}
+                   "step_span_us": end_all - ev[0][2] if ev else 0.0}
             if hit["side"] == "candidate":
                 first = 0
                 for name, kind, seg in segments(ks):
                     us = sum(d for _, d in seg)
                     nxt = first + len(seg)
-                    end = ev[nxt][2] if nxt < len(ev) else max(t + d for _, d, t in ev)
+                    end = ev[nxt][2] if nxt < len(ev) else end_all
                     span = end - ev[first][2]
                     first = nxt
                     b = layer_bytes(kind, reqs * q, reqs, q, ctx) if kind else 0.0

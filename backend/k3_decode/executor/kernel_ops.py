@@ -149,9 +149,10 @@ class KernelOps:
         self._router_front = envs.K3_DECODE_ROUTER_FRONT
         self._route = functools.partial(route, rolled=envs.K3_DECODE_ROUTER_ROLLED,
                                         prefetch=self._prefetch)
+        self._pdl_attnres = self._pdl and envs.K3_DECODE_PDL_ATTNRES
         self._attn_res = functools.partial(attn_res_norm,
                                            prefetch=envs.K3_DECODE_ATTNRES_PREFETCH,
-                                           pdl=self._pdl and envs.K3_DECODE_PDL_ATTNRES)
+                                           pdl=self._pdl_attnres)
         self._next_prefetch_bytes = int(envs.K3_DECODE_NEXT_PREFETCH_MB * (1 << 20))
         self._tail_prefetch_bytes = int(envs.K3_DECODE_TAIL_PREFETCH_MB * (1 << 20))
         self._oproj_prefetch_bytes = int(envs.K3_DECODE_OPROJ_PREFETCH_MB * (1 << 20))
@@ -251,11 +252,12 @@ class KernelOps:
         front, tail = w.packed()
         c_route, c_moe, _ = self.counters(h.device)
         t, s = h.shape[0], w.shared_down.shape[1]
-        # K3_DECODE_SHARED_W13: the shared gate / up rows ride in the w13 launch (where the
-        # experts' deferred norm and the tail GEMV run SIMT, i.e. at 1-2 tokens)
-        sh_w13 = (self._shared_w13 and not (self.skip_experts or self._torch_prep)
-                  and self._norm_in_gemv and normed_fits(t, lat, s)
-                  and gemv_variant("auto", t, *tail.shape) == "simt")
+        # the experts' deferred norm and the SIMT tail GEMV (`gemv_normed`), i.e. 1-2 tokens
+        normed_tail = (not (self.skip_experts or self._torch_prep) and self._norm_in_gemv
+                       and normed_fits(t, lat, s)
+                       and gemv_variant("auto", t, *tail.shape) == "simt")
+        # K3_DECODE_SHARED_W13: there the shared gate / up rows ride in the w13 launch
+        sh_w13 = bool(self._shared_w13) and normed_tail
         front_w = front[:lat] if sh_w13 else front
         if self._router_front and gemv_variant("auto", t, *front_w.shape) == "simt":
             # the front GEMV would run SIMT rows: they ride in the router's launch
@@ -280,8 +282,7 @@ class KernelOps:
             routed = fr[:, :lat] if self.skip_experts else self._moe(
                 fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, **glu)
             self._prep(routed, None, fr[:, lat:], xt, eps=self.cfg.rms_eps, **glu)
-        elif (self._norm_in_gemv and normed_fits(t, lat, s)
-              and gemv_variant("auto", t, *tail.shape) == "simt"):
+        elif normed_tail:
             # the w2 kernel writes bf16 rows (un-normalised) + partial sums of squares and the
             # shared SiTU into xt (with sh_w13 the w13 launch writes the SiTU); the tail GEMV
             # applies the norm (no ticket, no extra pass)
@@ -294,7 +295,7 @@ class KernelOps:
                       w2_passes=W2_PASSES, upcoming=tail,
                       upcoming_bytes=self._tail_prefetch_bytes, **sh, **glu)
             return self._gemv_normed(xt, lat, part, tail, self.cfg.rms_eps, out, pdl=self._pdl,
-                                     trigger=self._attn_res.keywords["pdl"])
+                                     trigger=self._pdl_attnres)
         else:  # the w2 kernel also writes the latent RMSNorm and the shared SiTU into xt
             self._moe(fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, xt,
                       normalize=True, gu=fr[:, lat:], eps=self.cfg.rms_eps, counter=c_moe,

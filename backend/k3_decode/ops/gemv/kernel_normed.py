@@ -71,7 +71,8 @@ def gemv_normed_kernel(x: cute.Pointer, part: cute.Pointer, w: cute.Pointer, y: 
     smem = SmemAllocator()
     s_ss = smem.allocate_tensor(F32, cute.make_layout((WARPS * tt,)), byte_alignment=16)
     # the token's sum of squares: warp w adds partials w, w + 8, ... (an eighth each: the CTA
-    # reads `part` once), loaded first and shared through shared memory after the dot products
+    # reads `part` once), loaded before the dot products (after them, past the wait, with `pdl`)
+    # and shared through shared memory after them
     ssv = cute.make_rmem_tensor((tt,), F32)
     if cutlass.const_expr(not pdl):
         _load_partials(part, ssv, tok0, n_tok, nb, tt)

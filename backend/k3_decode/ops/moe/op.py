@@ -200,7 +200,7 @@ def _check_shared(z: torch.Tensor, x: torch.Tensor | None, w: torch.Tensor | Non
     return s, h
 
 
-def _shared_args(z: torch.Tensor, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor):
+def _shared_args(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor):
     import cutlass
     return (ptr(x), cutlass.Int64(x.stride(0)), ptr(w), ptr(out, 2),
             cutlass.Int64(out.stride(0)))
@@ -301,7 +301,7 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
        ptr(counter, 4), cutlass.Int32(t), cutlass.Int64(z.stride(0)),
        cutlass.Int64(out.stride(0)), cutlass.Int64(g.stride(0)),
        byte_ptr(upcoming if pf_bytes else w13), cutlass.Int64(pf_bytes),
-       *(_shared_args(z, shared_x, shared_w, shared_out) if sh[0] else
+       *(_shared_args(shared_x, shared_w, shared_out) if sh[0] else
          (ptr(z), cutlass.Int64(0), ptr(z), ptr(out, 2), cutlass.Int64(0))),
        stream_of(dev))
     return out
