@@ -23,7 +23,10 @@ per call, so the variables stay set while that side compiles, runs eagerly and i
 its own copy of the same seeded caches. Measured per side: the logits of one eager step
 (compared with the reference side: bit-equal or the largest difference), each layer's eager
 kernels (torch profiler; the layer runs right after the previous ones, so caches are as cold as
-in a step), and CUDA-graph replays of each layer and of the whole step. The replays rotate the
+in a step), CUDA-graph replays of each layer and of the whole step, and each layer's span inside
+profiled replays of the whole-step graph (`profile_layers.layer_spans`: the metric the bundle's
+per-layer roofline uses; a single-layer graph has no predecessor for its first dependent launch
+to overlap, so its time misjudges dependent launches). The replays rotate the
 sides' order round by round and report medians over rounds, so drift (clocks, heat) falls on
 all. Every side's executor, graphs and compiled kernels are kept until the end: a captured
 graph must never outlive the modules it launches.
@@ -50,6 +53,7 @@ from backend.k3_decode.executor.kernel_ops import KernelOps
 from backend.k3_decode.executor.runner import Executor
 from backend.k3_decode.executor.state import blocks_needed, make_caches, synthetic_step
 from backend.k3_decode.executor.weights import random_model
+from benchmarks.profile_layers import _events, layer_spans
 
 LAYER_NAMES = {0: "dense0", 1: "KDA + MoE", 3: "MLA + MoE"}
 DEVICE = "cuda"
@@ -96,6 +100,33 @@ def build_side(side: Side, cfg, w, base_caches, inp, ctx: int, layers: list[int]
             "graphs": graphs, "step": step, "layer_us": {p: [] for p in layers}, "step_us": []}
 
 
+def step_spans(g: torch.cuda.CUDAGraph, reqs: int, ctx: int, layers: list[int],
+               reps: int = 3) -> dict[int, list[tuple[float, float]]]:
+    """``(span us, fraction of the per-layer roofline)`` of each layer position in ``layers``
+    inside ``reps`` profiled replays of the whole-step graph ``g`` (one token per request;
+    torch profiler, chrome trace, the bundle's own span rule)."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    out: dict[int, list[tuple[float, float]]] = {p: [] for p in layers}
+    for _ in range(reps):
+        g.replay()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            g.replay()
+            torch.cuda.synchronize()
+        with tempfile.NamedTemporaryFile(suffix=".json") as fh:
+            prof.export_chrome_trace(fh.name)
+            with open(fh.name) as src:
+                spans = layer_spans(_events(json.load(src)), reqs, 1, ctx)
+        for p in layers:
+            hit = [v for k, v in spans.items() if k.startswith(f"layer{p} ")]
+            if hit:
+                out[p].append((hit[0]["span_us"], hit[0]["of_roofline"]))
+    return out
+
+
 def compare_batch(sides: list[Side], cfg, w, reqs: int, ctx: int, layers: list[int],
                   rounds: int, keep: list) -> dict:
     """Every side at one batch size (``sides[0]`` is the reference); returns the row (medians)
@@ -112,6 +143,13 @@ def compare_batch(sides: list[Side], cfg, w, reqs: int, ctx: int, layers: list[i
             for pos, g in b["graphs"].items():
                 b["layer_us"][pos].append(M.graph_us(g))
             b["step_us"].append(M.graph_us(b["step"].graph))
+    for b in built:
+        b["spans"] = {p: [] for p in layers}
+    for r in range(2):  # the spans of each layer inside the whole step, two rotated rounds
+        for k in range(n):
+            b = built[(r + k) % n]
+            for p, v in step_spans(b["step"].graph, reqs, ctx, layers).items():
+                b["spans"][p].extend(v)
     ref = built[0]["logits"]
     row = {"batch": reqs, "context": ctx, "sides": {}}
     for b in built:
@@ -123,10 +161,15 @@ def compare_batch(sides: list[Side], cfg, w, reqs: int, ctx: int, layers: list[i
                         "graph_us_rounds": b["step_us"]}}
         for pos in layers:
             ks = b["kernels"][pos]
+            spans = [x for x, _ in b["spans"][pos]]
+            fracs = [f for _, f in b["spans"][pos]]
             ent["layers"][LAYER_NAMES.get(pos, str(pos))] = {
                 "graph_us": statistics.median(b["layer_us"][pos]),
                 "graph_us_rounds": b["layer_us"][pos], "kernels": [k for k, _ in ks],
-                "kernel_us": [us for _, us in ks], "kernel_sum_us": sum(us for _, us in ks)}
+                "kernel_us": [us for _, us in ks], "kernel_sum_us": sum(us for _, us in ks),
+                "span_in_step_us": statistics.median(spans) if spans else None,
+                "span_in_step_us_all": spans,
+                "of_roofline_in_step": statistics.median(fracs) if fracs else None}
         row["sides"][b["side"].label] = ent
     return row
 
@@ -151,6 +194,17 @@ def print_table(out: dict) -> None:
                 change = "" if lab == ref else f" ({e['graph_us'] / base['graph_us'] - 1:+.1%})"
                 cells.append(f"{e['graph_us']:.1f}{change} [{e['kernel_sum_us']:.1f}]")
             print(f"| {name} | " + " | ".join(cells) + " |")
+        for name in sides[ref]["layers"]:
+            base = sides[ref]["layers"][name].get("span_in_step_us")
+            if base is None:
+                continue
+            cells = []
+            for lab in labels:
+                e = sides[lab]["layers"][name]
+                change = "" if lab == ref else f" ({e['span_in_step_us'] / base - 1:+.1%})"
+                cells.append(f"{e['span_in_step_us']:.1f}{change} "
+                             f"({e['of_roofline_in_step']:.0%} of roofline)")
+            print(f"| {name}: span in the step | " + " | ".join(cells) + " |")
         base = sides[ref]["step"]["graph_us"]
         cells = [f"{sides[lab]['step']['graph_us']:.1f}" + (
             "" if lab == ref else f" ({sides[lab]['step']['graph_us'] / base - 1:+.1%})")

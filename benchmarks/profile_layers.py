@@ -105,6 +105,29 @@ def _params(pt: str) -> tuple[int, int, int]:
     return batch, 1 + draft, ctx
 
 
+def layer_spans(ev: list[tuple[str, float, float]], reqs: int, q: int, ctx: int
+                ) -> dict[str, dict]:
+    """Per layer of ONE specialized step, from its kernels' `(name, duration, start)` in start
+    order (us): span (first kernel start to the next layer's first kernel start, the last
+    layer to the step's last kernel end), kernel-time sum, kernel count, bytes and the
+    fraction of the per-layer roofline (from the span and from the sum)."""
+    out: dict[str, dict] = {}
+    end_all = max((t + d for _, d, t in ev), default=0.0)
+    first = 0
+    for name, kind, seg in segments([(n, d) for n, d, _ in ev]):
+        us = sum(d for _, d in seg)
+        nxt = first + len(seg)
+        end = ev[nxt][2] if nxt < len(ev) else end_all
+        span = end - ev[first][2]
+        first = nxt
+        b = layer_bytes(kind, reqs * q, reqs, q, ctx) if kind else 0.0
+        roof = b / (CEILING_TBS * 1e6)
+        out[name] = {"us": us, "span_us": span, "kernels": len(seg), "MB": b / 1e6,
+                     "roofline_us": roof, "of_roofline": roof / span if span > 0 else 0.0,
+                     "of_roofline_kernel_sum": roof / us if us else 0.0}
+    return out
+
+
 def rows(bundle: Path) -> list[dict]:
     out = []
     with tarfile.open(bundle) as tar:
@@ -120,19 +143,7 @@ def rows(bundle: Path) -> list[dict]:
                    "step_us": sum(d for _, d in ks),
                    "step_span_us": end_all - ev[0][2] if ev else 0.0}
             if hit["side"] == "candidate":
-                first = 0
-                for name, kind, seg in segments(ks):
-                    us = sum(d for _, d in seg)
-                    nxt = first + len(seg)
-                    end = ev[nxt][2] if nxt < len(ev) else end_all
-                    span = end - ev[first][2]
-                    first = nxt
-                    b = layer_bytes(kind, reqs * q, reqs, q, ctx) if kind else 0.0
-                    roof = b / (CEILING_TBS * 1e6)
-                    row[name] = {"us": us, "span_us": span, "kernels": len(seg), "MB": b / 1e6,
-                                 "roofline_us": roof,
-                                 "of_roofline": roof / span if span > 0 else 0.0,
-                                 "of_roofline_kernel_sum": roof / us if us else 0.0}
+                row.update(layer_spans(ev, reqs, q, ctx))
             out.append(row)
     return sorted(out, key=lambda r: (r["point"], r["side"]))
 

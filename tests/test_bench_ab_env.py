@@ -169,6 +169,13 @@ def test_comparison_plumbing_on_the_cpu(monkeypatch, capsys) -> None:
     monkeypatch.setattr(mod.M, "layer_kernel_times", lambda ex, pos, inp: [(f"k{pos}", 1.5)])
     monkeypatch.setattr(mod.M, "layer_graph", lambda ex, pos, inp: (pos, id(ex)))
     monkeypatch.setattr(mod.M, "graph_us", fake_graph_us)
+    spanned = []
+
+    def fake_spans(g, reqs, ctx, layers):  # the profiler needs CUDA: a stand-in
+        spanned.append(g[1])
+        return {p: [(40.0 + p, 0.5)] * 3 for p in layers}
+
+    monkeypatch.setattr(mod, "step_spans", fake_spans)
     monkeypatch.delenv("K3_DECODE_MOE_H2", raising=False)
     monkeypatch.delenv("K3_DECODE_NEXT_PREFETCH_MB", raising=False)
     args = mod.parse_args(["--each", "K3_DECODE_MOE_H2=1", "K3_DECODE_NEXT_PREFETCH_MB=12",
@@ -191,10 +198,16 @@ def test_comparison_plumbing_on_the_cpu(monkeypatch, capsys) -> None:
     assert row["sides"]["K3_DECODE_MOE_H2"]["layers"]["MLA + MoE"]["graph_us"] == 2.0
     assert ref["layers"]["KDA + MoE"]["kernels"] == ["k1"]
     assert row["sides"]["all"]["step"]["graph_us_rounds"] == [10.0] * 3
+    assert spanned[:4] == ids and spanned[4:] == ids[1:] + ids[:1]  # 2 rotated rounds
+    mla = row["sides"]["all"]["layers"]["MLA + MoE"]
+    assert mla["span_in_step_us"] == 43.0 and mla["of_roofline_in_step"] == 0.5
+    assert mla["span_in_step_us_all"] == [43.0] * 6
     mod.print_table({"sides": [{"label": s.label, "env": s.env} for s in args.sides],
                      "rounds": 3, "rows": [row]})
     text = capsys.readouterr().out
     assert "| what | ref | K3_DECODE_MOE_H2 | K3_DECODE_NEXT_PREFETCH_MB | all |" in text
     assert "| MLA + MoE | 2.0 [1.5] | 2.0 (+0.0%) [1.5] |" in text
     assert "| whole step | 10.0 | 10.0 (+0.0%) |" in text
+    assert ("| MLA + MoE: span in the step | 43.0 (50% of roofline) | 43.0 (+0.0%) (50% of "
+            "roofline) |") in text
     assert "| logits vs reference | bit-equal | bit-equal | bit-equal | bit-equal |" in text

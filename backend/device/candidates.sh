@@ -26,7 +26,7 @@ export K3FT_KERNEL_CASES=$out/candidate_cases.jsonl
 # op-level tests first, the executor's (heavier: whole models, every kernel compiled) last
 timeout 260 python3 -m pytest -q -p no:cacheprovider -m "gpu and variant" \
   ${CANDIDATE_TESTS_K:+-k "$CANDIDATE_TESTS_K"} \
-  tests/backend/test_{router,gemv,attn_res,moe,mla,executor}_gpu.py \
+  tests/backend/test_{router,gemv,attn_res,moe,mla,prep,executor}_gpu.py \
   > "$out/candidate_tests.txt" 2>&1
 echo "tests: $(tail -1 "$out/candidate_tests.txt")"
 if [ -n "${CANDIDATE_SIDES:-}" ]; then

@@ -97,6 +97,18 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # Safe while the attention kernels between a layer's two AttnRes are ordinary launches
     # (ops/attn_res/kernel.py: the saved blocks are read before the wait).
     "K3_DECODE_PDL_ATTNRES": lambda: os.environ.get("K3_DECODE_PDL_ATTNRES", "0") == "1",
+    # "1" (with K3_DECODE_PDL on, 1-2 tokens): the q_b + absorb + cache-insert launch
+    # (`mla_qb_absorb`) is a dependent launch of the q_a|kv_a|gate GEMV (its q_b rows, norm
+    # weight and W_UK_T slice are loaded before the wait). Session 13 candidate.
+    "K3_DECODE_PDL_QBA": lambda: os.environ.get("K3_DECODE_PDL_QBA", "0") == "1",
+    # "1" (with K3_DECODE_PDL on, tensor-core MLA attention): the attention kernel is a
+    # dependent launch (the first tile's cache rows of earlier steps go out before the wait;
+    # it signals its dependents only after its wait). Session 13 candidate.
+    "K3_DECODE_PDL_ATTEND": lambda: os.environ.get("K3_DECODE_PDL_ATTEND", "0") == "1",
+    # "1" (with K3_DECODE_PDL on): the MLA combine (and a separate absorb) are dependent
+    # launches (`mla_decode(pdl=True)`: W_UV loaded before the wait; session 6 measured the
+    # pair 3.7% slower at batch 1 before the absorb moved into the q_b launch). Session 13.
+    "K3_DECODE_PDL_COMBINE": lambda: os.environ.get("K3_DECODE_PDL_COMBINE", "0") == "1",
     # Where the latent MoE's RMSNorm runs at 1-2 tokens: "gemv" (default) inside the tail
     # projection (`gemv_normed`: the w2 kernel writes un-normalised bf16 rows + partial sums of
     # squares, no ticket), "w2" in the w2 kernel's ticket epilogue (always so from 3 tokens and

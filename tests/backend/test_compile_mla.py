@@ -50,6 +50,25 @@ def test_pdl_build_compiles_without_spills(arch, variant):
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("cache", ["fp8", "bf16"])
+def test_pdl_attend_build_compiles_without_spills(arch, cache):
+    """``pdl_attend`` (``K3_DECODE_PDL_ATTEND``): the tensor-core attention as a dependent launch,
+    as the executor builds it at 1-4 tokens (q_lat from the q_b launch, 4-token combine CTAs);
+    it is refused with the SIMT attention and with the one-launch build."""
+    _, reports = compile_report(cache, arch, Tiling(tokens_per_cta=4), absorb=False,
+                                pdl_attend=True)
+    assert sorted(r.kernel.split("_kernel")[0].replace("kernel_cutlass_", "") for r in reports) \
+        == ["attend_mma", "combine"], reports
+    for rep in reports:
+        assert rep.spill_stores == rep.spill_loads == rep.stack_frame == 0, rep
+        assert 0 < rep.registers <= 255
+    with pytest.raises(ValueError, match="pdl_attend=True needs the tensor-core attention"):
+        compile_mla_decode(cache, Tiling(variant="simt"), pdl_attend=True)
+    with pytest.raises(ValueError, match="pdl_attend=True needs the tensor-core attention"):
+        compile_mla_decode(cache, Tiling(), fused=True, pdl_attend=True)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("cache", ["fp8", "bf16"])
 def test_fused_build_is_one_kernel_without_spills(arch, cache):
     """``fused=True``: absorb, the tensor-core attention and combine as one ``mla_core_kernel``
     (the three bodies behind a branch on the CTA index)."""

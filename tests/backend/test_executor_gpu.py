@@ -215,7 +215,10 @@ def test_one_token_router_on_a_side_stream(reqs: int, shared: str, monkeypatch) 
     pytest.param(1, False, True, marks=pytest.mark.variant),  # K3_DECODE_PDL_W2: opt-in
     pytest.param(8, False, True, marks=pytest.mark.variant),
     pytest.param(1, False, "attnres", marks=pytest.mark.variant),  # K3_DECODE_PDL_ATTNRES
-    pytest.param(2, True, "attnres", marks=pytest.mark.variant)])
+    pytest.param(2, True, "attnres", marks=pytest.mark.variant),
+    pytest.param(1, False, "mla", marks=pytest.mark.variant),  # + the MLA chain (session 13)
+    pytest.param(2, False, "mla", marks=pytest.mark.variant),
+    pytest.param(4, False, "mla", marks=pytest.mark.variant)])
 def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool, w2: bool | str,
                                       monkeypatch) -> None:
     """``KernelOps(pdl=True)`` (SIMT GEMVs as programmatic dependent launches: weight loads start
@@ -225,11 +228,16 @@ def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool, w2: bool | str,
     1 request: every GEMV is SIMT, so PDL; 4 requests: tensor-core GEMVs (never PDL) beside the
     SIMT ones; (1, side): the router on a side stream beside the PDL front GEMV; `w2`:
     ``K3_DECODE_PDL_W2=1``, the MoE w2 kernel a dependent launch of w13 as well; "attnres":
-    ``K3_DECODE_PDL_ATTNRES=1``, every AttnRes launch a dependent one."""
-    attnres = w2 == "attnres"
+    ``K3_DECODE_PDL_ATTNRES=1``, every AttnRes launch a dependent one; "mla": that and the MLA
+    chain's q_b + absorb launch, attention and combine as dependent launches too
+    (``K3_DECODE_PDL_QBA`` / ``_ATTEND`` / ``_COMBINE``; at 4 tokens the separate absorb)."""
+    mla = w2 == "mla"
+    attnres = w2 in ("attnres", "mla")
     w2 = w2 is True
     monkeypatch.setenv("K3_DECODE_PDL_W2", "1" if w2 else "0")
     monkeypatch.setenv("K3_DECODE_PDL_ATTNRES", "1" if attnres else "0")
+    for knob in ("K3_DECODE_PDL_QBA", "K3_DECODE_PDL_ATTEND", "K3_DECODE_PDL_COMBINE"):
+        monkeypatch.setenv(knob, "1" if mla else "0")
     if side:
         monkeypatch.setenv("K3_DECODE_ROUTER_FRONT", "0")  # router and front GEMV apart
     _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
@@ -253,7 +261,8 @@ def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool, w2: bool | str,
         worst = max(worst, float((got - want).abs().max()))
     assert pdl.ops._moe.keywords["pdl"] is w2 and plain.ops._moe.keywords["pdl"] is False
     assert pdl.ops._attn_res.keywords["pdl"] is attnres
-    extra = "-attnres" if attnres else ""
+    assert (pdl.ops._pdl_qba, pdl.ops._pdl_attend, pdl.ops._pdl_combine) == (mla,) * 3
+    extra = "-mla" if mla else "-attnres" if attnres else ""
     record_case(op="executor_pdl",
                 case=f"tp8-r{reqs}-side{int(side)}-w2{int(w2)}{extra}-4-replays-bitwise",
                 dtype="float32", max_abs_err=worst, max_rel_err=0.0, atol=0.0, rtol=0.0,

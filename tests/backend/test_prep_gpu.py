@@ -20,7 +20,7 @@ import torch
 from backend.k3_decode.reference.mla import F8, quantize_latent_fp8
 from backend.k3_decode.reference.moe import situ_glu
 from backend.k3_decode.reference.norms import rms_norm
-from backend.k3_decode.testing import REL_FRO, TOLERANCES, check_and_record, poison_
+from backend.k3_decode.testing import REL_FRO, TOLERANCES, check_and_record, poison_, record_case
 
 pytestmark = pytest.mark.gpu
 BF = torch.bfloat16
@@ -464,3 +464,66 @@ def test_mla_qb_absorb_is_mla_qb_then_absorb_bit_for_bit(
     assert torch.equal(_codes(out_a), _codes(out_b)), "q_b outputs differ"
     if decodes:
         assert torch.equal(_codes(dec_a), _codes(dec_b)), "MLA decode outputs differ"
+
+
+@pytest.mark.variant
+@pytest.mark.parametrize("r,q,bs,dtype,kv_scale", [
+    (1, 1, 16, F8, 0.05), (1, 2, 64, F8, 1.0), (2, 1, 64, BF, 1.0), (1, 1, 256, F8, 0.5)])
+def test_mla_chain_as_dependent_launches_is_bit_equal(r: int, q: int, bs: int,
+                                                      dtype: torch.dtype, kv_scale: float) -> None:
+    """`mla_qb_absorb(pdl=True)` (``K3_DECODE_PDL_QBA``) right after our SIMT GEMV, which writes
+    q_c | kv_c | k_pe and signals `launch_dependents` at its start (so the q_b launch really may
+    start early), then `mla_decode(pdl_attend=True)` (``K3_DECODE_PDL_ATTEND``) right after it
+    (it writes q_lat and this step's cache rows and signals at its start). Before each run the
+    GEMV's output, q_lat and this step's cache rows are NaN-poisoned, so a read before a wait
+    would show; the dependent run goes first. The q_b output, q_lat, the cache and the MLA
+    decode's output are bit-equal to the same chain of ordinary launches, and finite; contexts
+    up to 5 blocks (several splits at 256-token blocks), fp8 and bf16 caches, 1-2 tokens."""
+    from backend.k3_decode.ops.gemv import gemv
+    from backend.k3_decode.ops.mla import mla_decode
+    from backend.k3_decode.ops.mla.compile import Tiling
+    from backend.k3_decode.ops.prep import mla_qb_absorb
+
+    t, k, heads, sm = r * q, 1536, 12, 192**-0.5
+    kv = kv_case(r, q, bs, dtype, kv_scale, seed=40 + bs)
+    g = _gen(41 + bs)
+    a = _rn(g, t, 256)
+    w_proj = _rn(g, k + 512 + 64, 256, scale=0.2)
+    proj = torch.empty(t, k + 512 + 64, dtype=BF, device="cuda")
+    qc, kv["kv_c"], kv["k_pe"] = proj[:, :k], proj[:, k:k + 512], proj[:, k + 512:]
+    qp = {"q_norm_w": _rn(g, k, scale=0.2, shift=1.0), "w_qb": _rn(g, 192 * heads, k, scale=0.05)}
+    md = {"w_uk_t": _rn(g, heads, 128, 512, scale=0.1),
+          "w_uv": _rn(g, heads, 512, 128, scale=0.1), "gate": _rn(g, t, heads * 128)}
+    fill = (torch.randn(kv["kv_cache"].shape, generator=g) * 2).to(dtype).cuda()
+    seq = kv["positions"].view(r, q)[:, -1].to(torch.int32) + 1
+    bt, pos = kv["block_table"].cpu(), kv["positions"].cpu().tolist()
+    mine = [(int(bt[i // q, p // bs]), p % bs) for i, p in enumerate(pos)]  # this step's rows
+    out_b = torch.empty(t, 192 * heads, dtype=BF, device="cuda")
+    q_lat = torch.empty(t, heads, 576, dtype=torch.float32, device="cuda")
+    res = []
+    for pdl in (True, False):
+        kv["kv_cache"].copy_(fill)
+        for blk, slot in mine:
+            poison_(kv["kv_cache"][blk, slot])
+        poison_(proj)
+        poison_(q_lat)
+        poison_(out_b)
+        gemv(a, w_proj, proj, variant="simt", pdl=False)
+        mla_qb_absorb(qc, **qp, **kv, w_uk_t=md["w_uk_t"], softmax_scale=sm, q_per_request=q,
+                      out=out_b, q_lat=q_lat, pdl=pdl)
+        v = out_b.view(t, heads, 192)
+        o = mla_decode(v[..., :128], v[..., 128:], md["gate"], kv["kv_cache"],
+                       kv["block_table"], seq, md["w_uk_t"], md["w_uv"], q_per_request=q,
+                       kv_scale=kv["kv_scale"], softmax_scale=sm, q_lat=q_lat,
+                       tiling=Tiling(tokens_per_cta=4), pdl_attend=pdl)
+        torch.cuda.synchronize()
+        res.append([out_b.clone(), q_lat.clone(), kv["kv_cache"].clone(), o.clone()])
+    case = f"mla_chain_pdl/t{t}/q{q}/bs{bs}/{str(dtype).split('.')[-1]}"
+    bits = [x.view(torch.int32) if x.dtype == torch.float32 else _codes(x) for x in res[0]]
+    same = all(torch.equal(x, y.view(torch.int32) if y.dtype == torch.float32 else _codes(y))
+               for x, y in zip(bits, res[1], strict=True))
+    finite = bool(torch.isfinite(res[0][3].float()).all() and torch.isfinite(res[0][1]).all())
+    record_case(op="mla_chain_pdl", case=case + "/bitwise", dtype=str(dtype), max_abs_err=0.0,
+                max_rel_err=0.0, atol=0.0, rtol=0.0, passed=same and finite)
+    assert finite, "the dependent chain read a poisoned input before its wait"
+    assert same, "the dependent launches changed bits"

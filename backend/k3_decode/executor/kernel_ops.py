@@ -150,6 +150,10 @@ class KernelOps:
         self._route = functools.partial(route, rolled=envs.K3_DECODE_ROUTER_ROLLED,
                                         prefetch=self._prefetch)
         self._pdl_attnres = self._pdl and envs.K3_DECODE_PDL_ATTNRES
+        # the MLA chain's dependent launches (session 13 candidates)
+        self._pdl_qba = self._pdl and envs.K3_DECODE_PDL_QBA
+        self._pdl_attend = self._pdl and envs.K3_DECODE_PDL_ATTEND
+        self._pdl_combine = self._pdl and envs.K3_DECODE_PDL_COMBINE
         self._attn_res = functools.partial(attn_res_norm,
                                            prefetch=envs.K3_DECODE_ATTNRES_PREFETCH,
                                            pdl=self._pdl_attnres)
@@ -224,7 +228,7 @@ class KernelOps:
             if self._mla_qba is not None and qba_fits(t, m.q_lora_rank, w.q_b.shape[0]):
                 qb, q_lat = self._mla_qba(q_c, w.q_a_norm, w.q_b, *kv_args, w.w_uk_t,
                                           softmax_scale=m.softmax_scale, q_per_request=inp.q,
-                                          eps=m.norm_eps, q_eps=m.norm_eps)
+                                          eps=m.norm_eps, q_eps=m.norm_eps, pdl=self._pdl_qba)
             else:
                 qb = self._mla_qb(q_c, w.q_a_norm, w.q_b, *kv_args, q_per_request=inp.q,
                                   eps=m.norm_eps, q_eps=m.norm_eps)
@@ -237,12 +241,13 @@ class KernelOps:
             qb = self._gemv(qn, w.q_b)
         qb = qb.view(t, nh, nope + rope)  # per head [nope | rope]
         q_nope, q_pe = qb[..., :nope], qb[..., nope:]
+        tiling = self._mla_small if t <= 4 else self._mla_tiling
         o = self._mla(q_nope, q_pe, gate, cache.kv_cache, inp.block_table, inp.seq_lens,
                       w.w_uk_t, w.w_uv, q_per_request=inp.q, kv_scale=cache.kv_scale,
                       softmax_scale=m.softmax_scale, max_context=self.max_context,
                       check_lengths=False, counter=self.counters(h.device)[2],
-                      fused=self._mla_fused, q_lat=q_lat,
-                      tiling=self._mla_small if t <= 4 else self._mla_tiling,
+                      fused=self._mla_fused, q_lat=q_lat, tiling=tiling, pdl=self._pdl_combine,
+                      pdl_attend=self._pdl_attend and tiling.variant == "mma",
                       upcoming=w.o_proj, upcoming_bytes=self._oproj_prefetch_bytes)
         return self._gemv(o, w.o_proj, out)
 

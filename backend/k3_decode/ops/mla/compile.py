@@ -119,9 +119,12 @@ def launch_mla_decode(
     fused: cutlass.Constexpr = False,
     absorb: cutlass.Constexpr = True,
     pf_x: cutlass.Constexpr = 0,
+    pdl_attend: cutlass.Constexpr = False,
 ):
     """Launch absorb -> split-KV attend -> combine/W_UV/gate on ``stream``; with ``pdl`` absorb
     and combine are programmatic dependent launches (weights loaded before they wait); with
+    ``pdl_attend`` (tensor-core attention, three launches) the attention kernel is one too
+    (earlier steps' cache rows in flight before it waits, ``attend_mma_body``); with
     ``fused`` (tensor-core attention only) all three run as one ``mla_core_kernel`` launch that
     syncs its stages through the int32 counters at ``ctr``; without ``absorb`` the caller has
     written ``q_lat`` (``prep.mla_qb_absorb``) and only attend and combine run. ``pf_x`` > 0
@@ -150,9 +153,9 @@ def launch_mla_decode(
         if cutlass.const_expr(variant == "mma"):
             km.attend_mma_kernel(
                 q_lat, cache, block_table, seq_lens, o_part, lse_part, n_req, n_heads, q_len,
-                bt_stride, block_size, chunk, max_context,
+                bt_stride, block_size, chunk, max_context, pdl_attend,
             ).launch(grid=((q_len * n_heads + km.M_TILE - 1) // km.M_TILE, n_splits, n_req),
-                     block=(km.THREADS, 1, 1), stream=stream)
+                     block=(km.THREADS, 1, 1), stream=stream, use_pdl=pdl_attend)
         else:
             k.attend_kernel(
                 q_lat, cache, block_table, seq_lens, o_part, lse_part, n_req, n_heads, q_len,
@@ -183,12 +186,13 @@ def _compile_args(cache_dtype: str) -> list[object]:
 
 def compile_mla_decode(cache_dtype: str, tiling: Tiling, options: str | None = None,
                        pdl: bool = False, fused: bool = False, absorb: bool = True,
-                       pf_x: int = 0) -> object:
+                       pf_x: int = 0, pdl_attend: bool = False) -> object:
     """Compile the launcher for one cache dtype and tiling (no GPU needed); ``pdl``: absorb and
     combine as programmatic dependent launches; ``fused``: the one-launch ``mla_core_kernel``
     (tensor-core attention only, not with ``pdl``); ``absorb=False``: q_lat comes from the
     caller, only attend and combine are launched (not with ``fused``); ``pf_x``: combine's
-    prefetch columns (``launch_mla_decode``; not with ``fused``)."""
+    prefetch columns (``launch_mla_decode``; not with ``fused``); ``pdl_attend``: the
+    tensor-core attention as a programmatic dependent launch (not with ``fused``)."""
     if cache_dtype not in CACHE_DTYPES:
         raise ValueError(f"cache dtype must be one of {sorted(CACHE_DTYPES)}, got {cache_dtype!r}")
     if fused and (pdl or tiling.variant != "mma"):
@@ -197,9 +201,11 @@ def compile_mla_decode(cache_dtype: str, tiling: Tiling, options: str | None = N
         raise ValueError("fused=True runs its own absorb stage (absorb=False does not apply)")
     if fused and pf_x:
         raise ValueError("fused=True has no combine launch to prefetch from (pf_x must be 0)")
+    if pdl_attend and (fused or tiling.variant != "mma"):
+        raise ValueError("pdl_attend=True needs the tensor-core attention in its own launch")
     args = _compile_args(cache_dtype)
     consts = (tiling.rows, tiling.unroll, tiling.tokens_per_cta, tiling.variant, bool(pdl),
-              bool(fused), bool(absorb), int(pf_x))
+              bool(fused), bool(absorb), int(pf_x), bool(pdl_attend))
     if options:
         return cute.compile(launch_mla_decode, *args, *consts, options=options)
     return cute.compile(launch_mla_decode, *args, *consts)
@@ -208,10 +214,10 @@ def compile_mla_decode(cache_dtype: str, tiling: Tiling, options: str | None = N
 @functools.cache
 def compiled_mla_decode(cache_dtype: str, tiling: Tiling = DEFAULT_TILING,
                         pdl: bool = False, fused: bool = False, absorb: bool = True,
-                        pf_x: int = 0) -> object:
+                        pf_x: int = 0, pdl_attend: bool = False) -> object:
     """Cached compile for the current device (the DSL detects the GPU's arch)."""
     return compile_mla_decode(cache_dtype, tiling, pdl=pdl, fused=fused, absorb=absorb,
-                              pf_x=pf_x)
+                              pf_x=pf_x, pdl_attend=pdl_attend)
 
 
 @dataclass(frozen=True)
@@ -269,13 +275,14 @@ def _capture_fds(sink: io.StringIO) -> Iterator[None]:
 
 
 def compile_report(cache_dtype: str, arch: str, tiling: Tiling = DEFAULT_TILING,
-                   pdl: bool = False, fused: bool = False, absorb: bool = True, pf_x: int = 0
-                   ) -> tuple[object, list[PtxasReport]]:
+                   pdl: bool = False, fused: bool = False, absorb: bool = True, pf_x: int = 0,
+                   pdl_attend: bool = False) -> tuple[object, list[PtxasReport]]:
     """Compile for ``arch`` with ptxas remarks on; return the object and per-kernel usage."""
     if arch not in ARCHES:
         raise ValueError(f"arch must be one of {ARCHES}, got {arch!r}")
     buf = io.StringIO()
     with _capture_fds(buf):
         obj = compile_mla_decode(cache_dtype, tiling, options=f"--gpu-arch {arch} remarks{{ptx}}",
-                                 pdl=pdl, fused=fused, absorb=absorb, pf_x=pf_x)
+                                 pdl=pdl, fused=fused, absorb=absorb, pf_x=pf_x,
+                                 pdl_attend=pdl_attend)
     return obj, parse_ptxas(buf.getvalue())

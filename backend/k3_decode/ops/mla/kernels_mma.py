@@ -59,12 +59,19 @@ def attend_mma_body(
     max_context: cutlass.Int32,
     wait_ctr: cute.Pointer = None,
     wait_target: cutlass.Int32 = 0,
+    pdl: cutlass.Constexpr = False,
 ):
     """Split-KV latent attention of 16 query rows (group ``gidx``) of request ``r`` over chunk
     ``s``, on tensor cores. With ``wait_ctr`` (``mla_core_kernel``) the first cache tile's copies
     go out, then the CTA waits until ``wait_target`` absorb CTAs have signalled before it reads
-    the query."""
-    cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched combine may start
+    the query. ``pdl`` (programmatic dependent launch after the kernel that writes the query and
+    inserts this step's cache rows): the first tile's copies of the cache rows of earlier steps
+    (tokens below ``seq_len - q_len``) go out, then ``griddepcontrol.wait``, then the copies of
+    this step's rows and the query loads. The CTA signals ``launch_dependents`` only after its
+    wait, so a kernel launched after this one never starts before the previous one has finished
+    (an AttnRes two launches back may rely on that, see ``attn_res_kernel``)."""
+    if cutlass.const_expr(not pdl):
+        cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched combine may start
     cdt = cache.dtype
     prm = mma_params(cdt)
     t16, n_tile, rs, hilo = prm["t16"], prm["n_tile"], prm["row_stride"], prm["hilo"]
@@ -101,10 +108,19 @@ def attend_mma_body(
     g_bt = _ptr_tensor(block_table, n_req * bt_stride)
     row_elems = block_size * D_QK
 
-    # Issue the first tile's copies before anything else.
+    # Issue the first tile's copies before anything else (with pdl: the earlier steps' rows,
+    # the wait, then this step's rows; one commit group either way).
+    fresh = seq_len - q_len  # rows from here on are this step's (written by the previous kernel)
     if n_tiles > 0:
         _issue_tile(cp_atom, cache, s_kv, g_bt, r, bt_stride, block_size, row_elems, start,
-                    n_end, 0, tidx, n_tile, rs, epc, cpt, chunks_per_thread)
+                    n_end, 0, tidx, n_tile, rs, epc, cpt, chunks_per_thread, fresh,
+                    1 if pdl else 0)
+    if cutlass.const_expr(pdl):
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()  # after the wait: see the docstring
+        if n_tiles > 0:
+            _issue_tile(cp_atom, cache, s_kv, g_bt, r, bt_stride, block_size, row_elems, start,
+                        n_end, 0, tidx, n_tile, rs, epc, cpt, chunks_per_thread, fresh, 2)
     cute.arch.cp_async_commit_group()
     if cutlass.const_expr(wait_ctr is not None):
         wait_count(wait_ctr, wait_target)
@@ -305,20 +321,22 @@ def attend_mma_kernel(q_lat: cute.Pointer, cache: cute.Pointer, block_table: cut
                       seq_lens: cute.Pointer, o_part: cute.Pointer, lse_part: cute.Pointer,
                       n_req: cutlass.Int32, n_heads: cutlass.Int32, q_len: cutlass.Int32,
                       bt_stride: cutlass.Int32, block_size: cutlass.Int32, chunk: cutlass.Int32,
-                      max_context: cutlass.Int32):
+                      max_context: cutlass.Int32, pdl: cutlass.Constexpr = False):
     """``attend_mma_body`` on grid (16-row group, split, request)."""
     gidx, s, r = cute.arch.block_idx()
     attend_mma_body(gidx, s, r, cute.arch.grid_dim()[1], q_lat, cache, block_table, seq_lens,
                     o_part, lse_part, n_req, n_heads, q_len, bt_stride, block_size, chunk,
-                    max_context)
+                    max_context, pdl=pdl)
 
 
 @cute.jit
 def _issue_tile(cp_atom, cache, s_kv, g_bt, r, bt_stride, block_size, row_elems, tile_start,
                 n_end, slot, tidx, n_tile: cutlass.Constexpr, rs: cutlass.Constexpr,
                 epc: cutlass.Constexpr, cpt: cutlass.Constexpr,
-                chunks_per_thread: cutlass.Constexpr):
-    """cp.async one tile of cache rows (tokens clamped to the chunk) into ``s_kv[slot]``."""
+                chunks_per_thread: cutlass.Constexpr, fresh: cutlass.Int32 = 0,
+                part_of: cutlass.Constexpr = 0):
+    """cp.async one tile of cache rows (tokens clamped to the chunk) into ``s_kv[slot]``;
+    ``part_of`` 1: only the rows of tokens below ``fresh``, 2: only the others, 0: all."""
     for c in cutlass.range_constexpr(chunks_per_thread):
         idx = tidx + c * THREADS
         tok = idx // cpt
@@ -330,4 +348,11 @@ def _issue_tile(cp_atom, cache, s_kv, g_bt, r, bt_stride, block_size, row_elems,
         dst_off = slot * (n_tile * rs) + tok * rs + part * epc
         dst = cute.make_tensor(s_kv.iterator + cute.assume(dst_off, divby=epc),
                                cute.make_layout(epc))
-        cute.copy(cp_atom, src, dst)
+        if cutlass.const_expr(part_of == 0):
+            cute.copy(cp_atom, src, dst)
+        elif cutlass.const_expr(part_of == 1):
+            if n < fresh:
+                cute.copy(cp_atom, src, dst)
+        else:
+            if n >= fresh:
+                cute.copy(cp_atom, src, dst)

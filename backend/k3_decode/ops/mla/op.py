@@ -83,6 +83,7 @@ def mla_decode(
     q_lat: torch.Tensor | None = None,
     upcoming: torch.Tensor | None = None,
     upcoming_bytes: int = 0,
+    pdl_attend: bool = False,
 ) -> torch.Tensor:
     """K3 MLA decode from the split query to the gated ``o_proj`` input ``[T, H*128]`` (bf16).
 
@@ -107,6 +108,11 @@ def mla_decode(
     ``upcoming`` with ``upcoming_bytes`` > 0 (three launches only): the combine launch gets
     ``COMBINE_PF_X`` more head columns whose CTAs prefetch the first ``upcoming_bytes`` of
     ``upcoming`` (the next kernel's weight, o_proj) into L2; the result does not change.
+    ``pdl_attend`` (tensor-core tiling, three launches; ``K3_DECODE_PDL_ATTEND``): the attention
+    kernel is a programmatic dependent launch: its first tile's cache rows of earlier steps are
+    in flight while the previous kernel (the one that writes ``q_lat`` and this step's cache
+    rows, ``prep.mla_qb_absorb``) finishes; this step's rows and the query are read after
+    ``griddepcontrol.wait``, and its dependents launch only after that wait.
     Raises ``MlaInputError`` before any launch.
     """
     shape = check_inputs(q_nope, q_pe, gate, kv_cache, block_table, seq_lens, w_uk_t, w_uv,
@@ -123,18 +129,21 @@ def mla_decode(
                                 n_splits=n_splits, ctas_per_sm=tiling.ctas_per_sm,
                                 min_ctas=tiling.min_ctas)
     n_core = core_ctas(shape.n_req, shape.n_heads, shape.q_len, splits, tiling.tokens_per_cta)
-    can_fuse = (tiling.variant == "mma" and not pdl and counter is not None and q_lat is None
-                and n_core <= _num_sms(dev.index or 0) * CORE_CTAS_PER_SM)
+    can_fuse = (tiling.variant == "mma" and not pdl and not pdl_attend and counter is not None
+                and q_lat is None and n_core <= _num_sms(dev.index or 0) * CORE_CTAS_PER_SM)
     if fused is None:
         fused = can_fuse and envs.K3_DECODE_MLA_FUSED == "1"
     elif fused and not can_fuse:
         why = ("it needs the tensor-core attention (variant 'mma')" if tiling.variant != "mma"
                else "it does not run with pdl=True" if pdl
+               else "it does not run with pdl_attend=True" if pdl_attend
                else "it runs its own absorb stage (q_lat= was given)" if q_lat is not None
                else "it needs counter= (an int32 tensor of >= 3 zeros of the caller's own)"
                if counter is None
                else f"its {n_core} CTAs do not fit on the GPU at once (one per SM)")
         raise MlaInputError(f"fused=True: {why}")
+    if pdl_attend and tiling.variant != "mma":
+        raise MlaInputError("pdl_attend=True needs the tensor-core tiling (variant 'mma')")
     if fused and (counter.dtype != torch.int32 or counter.numel() < N_COUNTERS
                   or counter.device != dev or not counter.is_contiguous()
                   or counter.data_ptr() % 16):
@@ -157,7 +166,7 @@ def mla_decode(
     pf_bytes = 0 if fused else prefetch_bytes(MlaInputError, "mla_decode", upcoming,
                                               upcoming_bytes, dev)
     fn = compiled_mla_decode(shape.cache_dtype, tiling, bool(pdl), bool(fused), absorb,
-                             COMBINE_PF_X if pf_bytes else 0)
+                             COMBINE_PF_X if pf_bytes else 0, bool(pdl_attend))
     stream = cuda.CUstream(torch.cuda.current_stream(dev).cuda_stream)
     fn(_ptr(q_nope), _ptr(q_pe), _ptr(w_uk_t), _ptr(scale_t), _ptr(kv_cache), _ptr(block_table),
        _ptr(seq_lens), _ptr(gate), _ptr(w_uv), _ptr(out), _ptr(q_lat), _ptr(o_part),

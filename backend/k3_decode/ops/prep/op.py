@@ -360,6 +360,7 @@ class MlaQbKey:
     fp8: bool
     eps: float
     arch: str
+    pdl: bool = False  # `mla_qb_absorb` only: a programmatic dependent launch
 
 
 @functools.cache
@@ -466,7 +467,7 @@ def compile_mla_qba(key: MlaQbKey, extra_options: str = ""):
             fake_ptr(f32), f32(1.0), i32(1), i32(1), i64(1), i64(1)]
     args += _kv_fake_args(key.fp8, count=False)
     return cute.compile(mla_qba_launch, *args, cuda.CUstream(0), key.k, key.tt, key.q_eps,
-                        key.fp8, key.eps, options=f"--gpu-arch {key.arch} {extra_options}".strip())
+                        key.fp8, key.eps, key.pdl, options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
 def mla_qb_absorb(q_c: torch.Tensor, q_norm_w: torch.Tensor, w_qb: torch.Tensor,
@@ -474,8 +475,8 @@ def mla_qb_absorb(q_c: torch.Tensor, q_norm_w: torch.Tensor, w_qb: torch.Tensor,
                   kv_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
                   kv_scale: torch.Tensor, w_uk_t: torch.Tensor, *, softmax_scale: float,
                   q_per_request: int = 1, eps: float = 1e-6, q_eps: float = 1e-6,
-                  out: torch.Tensor | None = None, q_lat: torch.Tensor | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+                  out: torch.Tensor | None = None, q_lat: torch.Tensor | None = None,
+                  pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """`mla_qb` plus the MLA decode's absorb in the same launch (1-2 tokens, `qba_fits`):
     returns `(out, q_lat)`, `out [T, H*192]` bf16 as `mla_qb` (per head [q_nope 128 | q_pe 64])
     and `q_lat [T, H, 576]` fp32 `= [q_nope @ w_uk_t[h], q_pe] * softmax_scale * log2(e) *
@@ -483,7 +484,9 @@ def mla_qb_absorb(q_c: torch.Tensor, q_norm_w: torch.Tensor, w_qb: torch.Tensor,
     (bit-identical to `mla_qb` followed by it); pass it to `mla_decode(q_lat=...)`. `w_uk_t
     [H, 128, 512]` bf16 (dense); `kv_scale` is the cache's per-tensor scale, as for the insert
     (use ones for a bf16 cache). `q_lat` (made when None) must not overlap the other tensors.
-    Raises `PrepInputError` before any compile."""
+    `pdl`: a programmatic dependent launch: the weights are loaded while the previous kernel
+    on the stream (the one that writes q_c, kv_c and k_pe) finishes; q_c, kv_c and k_pe are
+    read after `griddepcontrol.wait`. Raises `PrepInputError` before any compile."""
     err, op = PrepInputError, "mla_qb_absorb"
     t, k, n, bs, out = _check_qb(op, q_c, q_norm_w, w_qb, kv_c, k_pe, kv_norm_w, kv_cache,
                                  block_table, positions, kv_scale, q_per_request, eps, q_eps,
@@ -506,7 +509,8 @@ def mla_qb_absorb(q_c: torch.Tensor, q_norm_w: torch.Tensor, w_qb: torch.Tensor,
     check_device(err, op, q_c, q_norm_w, w_qb, out, kv_c, k_pe, kv_norm_w, kv_cache, block_table,
                  positions, kv_scale, w_uk_t, q_lat)
     fp8 = kv_cache.dtype == F8
-    fn = compile_mla_qba(MlaQbKey(k, t, float(q_eps), fp8, float(eps), target_arch()))
+    fn = compile_mla_qba(MlaQbKey(k, t, float(q_eps), fp8, float(eps), target_arch(),
+                                  bool(pdl)))
     import cutlass
 
     fn(ptr(q_c), ptr(q_norm_w), ptr(w_qb), ptr(out, 4), ptr(w_uk_t), ptr(q_lat),
