@@ -63,6 +63,10 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # the o_proj weight into L2 (attention and combine leave DRAM nearly idle at short
     # contexts). Off ("0") until timed (NOTES.md session 10).
     "K3_DECODE_OPROJ_PREFETCH_MB": lambda: _mib("K3_DECODE_OPROJ_PREFETCH_MB"),
+    # MiB > 0: the q_b + absorb launch (`mla_qb_absorb`, 1-2 tokens) gets 3 more clusters that
+    # prefetch that many MiB of o_proj into L2, two kernels (attention, combine: DRAM idle)
+    # ahead of its use. Session 13 candidate.
+    "K3_DECODE_QBA_OPROJ_PREFETCH_MB": lambda: _mib("K3_DECODE_QBA_OPROJ_PREFETCH_MB"),
     # "1": the SIMT w13 of the routed experts multiplies and sums each 32-value chunk in f16x2
     # (x staged as f16, a power-of-two scale per chunk; fp32 across chunks): ~20% fewer
     # instructions where w13 is issue-bound at 1-2 tokens, f16 rounding inside a chunk. Off
@@ -109,6 +113,9 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # launches (`mla_decode(pdl=True)`: W_UV loaded before the wait; session 6 measured the
     # pair 3.7% slower at batch 1 before the absorb moved into the q_b launch). Session 13.
     "K3_DECODE_PDL_COMBINE": lambda: os.environ.get("K3_DECODE_PDL_COMBINE", "0") == "1",
+    # "1": at 1-4 tokens the tensor-core MLA attention takes 32-token fp8 cache tiles (twice
+    # the splits, half the work per CTA; `Tiling(fp8_tile=32)`). Session 13 candidate.
+    "K3_DECODE_MLA_TILE32": lambda: os.environ.get("K3_DECODE_MLA_TILE32", "0") == "1",
     # Where the latent MoE's RMSNorm runs at 1-2 tokens: "gemv" (default) inside the tail
     # projection (`gemv_normed`: the w2 kernel writes un-normalised bf16 rows + partial sums of
     # squares, no ticket), "w2" in the w2 kernel's ticket epilogue (always so from 3 tokens and

@@ -50,17 +50,26 @@ def test_pdl_build_compiles_without_spills(arch, variant):
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("cache", ["fp8", "bf16"])
-def test_pdl_attend_build_compiles_without_spills(arch, cache):
+@pytest.mark.parametrize("fp8_tile", [64, 32])
+def test_pdl_attend_build_compiles_without_spills(arch, cache, fp8_tile):
     """``pdl_attend`` (``K3_DECODE_PDL_ATTEND``): the tensor-core attention as a dependent launch,
-    as the executor builds it at 1-4 tokens (q_lat from the q_b launch, 4-token combine CTAs);
-    it is refused with the SIMT attention and with the one-launch build."""
-    _, reports = compile_report(cache, arch, Tiling(tokens_per_cta=4), absorb=False,
-                                pdl_attend=True)
-    assert sorted(r.kernel.split("_kernel")[0].replace("kernel_cutlass_", "") for r in reports) \
-        == ["attend_mma", "combine"], reports
-    for rep in reports:
-        assert rep.spill_stores == rep.spill_loads == rep.stack_frame == 0, rep
-        assert 0 < rep.registers <= 255
+    as the executor builds it at 1-4 tokens (q_lat from the q_b launch, 4-token combine CTAs;
+    with 64- and 32-token fp8 tiles, ``K3_DECODE_MLA_TILE32``); it is refused with the SIMT
+    attention and with the one-launch build (which takes no 32-token fp8 tiles either)."""
+    til = Tiling(tokens_per_cta=4, fp8_tile=fp8_tile)
+    for pdl_attend in (True, False):
+        _, reports = compile_report(cache, arch, til, absorb=False, pdl_attend=pdl_attend)
+        assert sorted(r.kernel.split("_kernel")[0].replace("kernel_cutlass_", "")
+                      for r in reports) == ["attend_mma", "combine"], reports
+        for rep in reports:
+            assert rep.spill_stores == rep.spill_loads == rep.stack_frame == 0, rep
+            assert 0 < rep.registers <= 255
+    if fp8_tile == 32:
+        with pytest.raises(ValueError, match="fp8_tile must be 64"):
+            compile_mla_decode(cache, til, fused=True)
+        with pytest.raises(ValueError, match="fp8_tile must be 32 or 64"):
+            Tiling(fp8_tile=16)
+        assert til.tokens_per_iter == 32 and Tiling().tokens_per_iter == 64
     with pytest.raises(ValueError, match="pdl_attend=True needs the tensor-core attention"):
         compile_mla_decode(cache, Tiling(variant="simt"), pdl_attend=True)
     with pytest.raises(ValueError, match="pdl_attend=True needs the tensor-core attention"):

@@ -8,7 +8,7 @@ import pytest
 from backend.k3_decode import envs
 
 MIB_KNOBS = ["K3_DECODE_NEXT_PREFETCH_MB", "K3_DECODE_TAIL_PREFETCH_MB",
-             "K3_DECODE_OPROJ_PREFETCH_MB"]
+             "K3_DECODE_OPROJ_PREFETCH_MB", "K3_DECODE_QBA_OPROJ_PREFETCH_MB"]
 
 
 @pytest.mark.parametrize("knob", MIB_KNOBS)
@@ -34,7 +34,9 @@ def test_prefetch_mib_refuses(knob, raw, monkeypatch) -> None:
     ("K3_DECODE_GEMV_PREFETCH", False), ("K3_DECODE_ATTNRES_PREFETCH", False),
     ("K3_DECODE_MOE_H2", False), ("K3_DECODE_ROUTER_ROLLED", True),
     ("K3_DECODE_MLA_SMALL_TPC", True), ("K3_DECODE_SIDE_STREAM", False),
-    ("K3_DECODE_PDL", True), ("K3_DECODE_PDL_W2", False), ("K3_DECODE_PDL_ATTNRES", False)])
+    ("K3_DECODE_PDL", True), ("K3_DECODE_PDL_W2", False), ("K3_DECODE_PDL_ATTNRES", False),
+    ("K3_DECODE_PDL_QBA", False), ("K3_DECODE_PDL_ATTEND", False),
+    ("K3_DECODE_PDL_COMBINE", False), ("K3_DECODE_MLA_TILE32", False)])
 def test_variant_switches(knob, default, monkeypatch) -> None:
     """Opt-in variants are on only at "1"; the ones made defaults in session 11 (rolled router
     rounds, 4-token MLA CTAs) and 12 (dependent launches) are on unless "0"."""

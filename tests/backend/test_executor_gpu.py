@@ -274,6 +274,31 @@ def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool, w2: bool | str,
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
+@pytest.mark.variant
+@pytest.mark.parametrize("reqs", [1, 4])
+def test_mla_tile32_step_agrees(reqs: int, monkeypatch) -> None:
+    """``K3_DECODE_MLA_TILE32=1`` (32-token fp8 tiles at <= 4 tokens: other splits, so other
+    partial sums, not the same bits): one step's logits within 1e-3 (relative Frobenius) of the
+    default executor's, the same top-1 tokens, and the knob took effect (the MLA decode was
+    compiled with ``fp8_tile=32``)."""
+    monkeypatch.delenv("K3_DECODE_MLA_TILE32", raising=False)
+    _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
+    monkeypatch.setenv("K3_DECODE_MLA_TILE32", "1")
+    other = Executor(KernelOps(spec.weights.config, max_context=1024), spec.weights,
+                     spec.caches.clone(), max_tokens=reqs)
+    a, b = spec.step(inp).float().clone(), other.step(inp).float().clone()
+    rel = float((a - b).norm() / a.norm())
+    ok = rel < 1e-3 and torch.equal(a.argmax(-1), b.argmax(-1)) and bool(torch.isfinite(b).all())
+    record_case(op="executor_variant", case=f"K3_DECODE_MLA_TILE32=1/r{reqs}-logits-rel",
+                dtype="float32", max_abs_err=float((a - b).abs().max()), max_rel_err=rel,
+                atol=0.0, rtol=1e-3, passed=ok)
+    assert ok, rel
+    keys: list = []
+    with _compile_keys(monkeypatch, keys):
+        M.layer_kernels(other, 3, inp)
+    assert any(k[0] == "compiled_mla_decode" and "fp8_tile=32" in k[1] for k in keys), keys
+
+
 def test_kda_moe_layer_kernel_count() -> None:
     """Kernels one KDA + MoE layer launches (the issue's goal: at most 10; the design: 9 at 1-2
     tokens, where the router and the front projection share one launch, 10 from 3 tokens)."""
@@ -527,7 +552,8 @@ def _opt_in(*args):
     _opt_in("K3_DECODE_NEXT_PREFETCH_MB", "12", 1), _opt_in("K3_DECODE_TAIL_PREFETCH_MB", "16", 1),
     _opt_in("K3_DECODE_OPROJ_PREFETCH_MB", "16", 1),
     _opt_in("K3_DECODE_OPROJ_PREFETCH_MB", "16", 2), _opt_in("K3_DECODE_SHARED_W13", "1", 1),
-    _opt_in("K3_DECODE_SHARED_W13", "1", 2)])
+    _opt_in("K3_DECODE_SHARED_W13", "1", 2), _opt_in("K3_DECODE_QBA_OPROJ_PREFETCH_MB", "16", 1),
+    _opt_in("K3_DECODE_QBA_OPROJ_PREFETCH_MB", "22", 2)])
 def test_session10_variants_give_the_same_step(knob: str, value: str, reqs: int,
                                                monkeypatch) -> None:
     """Each variant of session 10 (rolled router rounds and 4-token MLA absorb / combine CTAs,

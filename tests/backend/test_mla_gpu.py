@@ -432,6 +432,38 @@ def test_mla_decode_four_tokens_per_combine_cta(name, seq_lens, q, cache):
 
 
 @pytest.mark.variant
+@pytest.mark.parametrize("cache", ["fp8", "bf16"])
+@pytest.mark.parametrize("name,seq_lens,q", [
+    ("b1_ctx1000", [1000], 1), ("b1_ctx33", [33], 1), ("b2_mixed", [5, 4096], 1),
+    ("q2_r2", [64, 700], 2)])
+def test_mla_decode_fp8_tile32(name, seq_lens, q, cache):
+    """``Tiling(fp8_tile=32)`` (``K3_DECODE_MLA_TILE32``): 32-token fp8 cache tiles and split
+    chunks of 32-token multiples (twice the splits at short contexts; a bf16 cache keeps its
+    32-token tiles, only its chunks change) against float64, 4-token combine CTAs as the
+    executor builds them at <= 4 tokens, outputs poisoned; the dependent-launch build of the
+    attention (``pdl_attend``) gives the same bits."""
+    from backend.k3_decode.ops.mla import mla_decode
+    from backend.k3_decode.ops.mla.compile import Tiling
+
+    heads = 12
+    inp = make_inputs(heads, seq_lens, q, cache, 64, seed=zlib.crc32(f"t32{name}".encode()))
+    kw = {k: inp[k] for k in ("q_nope", "q_pe", "gate", "kv_cache", "block_table", "seq_lens",
+                              "w_uk_t", "w_uv")}
+    outs = []
+    for pdl_attend in (False, True):
+        outs.append(poison_(torch.empty_like(inp["gate"])))
+        mla_decode(**kw, q_per_request=q, kv_scale=inp["kv_scale"], out=outs[-1],
+                   max_context=max(seq_lens), tiling=Tiling(tokens_per_cta=4, fp8_tile=32),
+                   pdl_attend=pdl_attend)
+    torch.cuda.synchronize()
+    atol, rtol = tolerance(torch.bfloat16)
+    ok, msg = check_and_record(OP, f"mma/tile32/{name}/h{heads}/{cache}", outs[0],
+                               reference(inp, q), atol, rtol, REL_FRO[torch.bfloat16])
+    assert ok, msg
+    assert torch.equal(outs[0], outs[1]), "the dependent-launch build changed bits"
+
+
+@pytest.mark.variant
 @pytest.mark.parametrize("seq_lens,q,nbytes", [([1000], 1, 12 << 20), ([5, 4096], 1, 1 << 30),
                                                ([64, 700], 2, 4096)])
 def test_mla_decode_combine_prefetch_changes_no_bit(seq_lens, q, nbytes):

@@ -527,3 +527,39 @@ def test_mla_chain_as_dependent_launches_is_bit_equal(r: int, q: int, bs: int,
                 max_rel_err=0.0, atol=0.0, rtol=0.0, passed=same and finite)
     assert finite, "the dependent chain read a poisoned input before its wait"
     assert same, "the dependent launches changed bits"
+
+
+@pytest.mark.variant
+@pytest.mark.parametrize("nbytes", [4096, 16 << 20, 1 << 30])
+def test_mla_qb_absorb_prefetch_changes_no_bit(nbytes: int) -> None:
+    """`mla_qb_absorb(upcoming=..., upcoming_bytes=...)` (``K3_DECODE_QBA_OPROJ_PREFETCH_MB``):
+    the extra clusters only prefetch a later kernel's weight (an o_proj at TP8, 7168 x 1536 bf16;
+    4 KiB, 16 MiB, more than its size) into L2: the q_b output, q_lat and the cache bit-equal to
+    the plain launch, the weight untouched; a non-contiguous `upcoming` is refused."""
+    from backend.k3_decode.ops.prep import PrepInputError, mla_qb_absorb
+
+    t, k, heads = 1, 1536, 12
+    kv = kv_case(1, 1, 64, F8, 0.05, seed=77)
+    g = _gen(78)
+    qp = {"q_c": _rn(g, t, k, scale=2.0), "q_norm_w": _rn(g, k, scale=0.2, shift=1.0),
+          "w_qb": _rn(g, 192 * heads, k, scale=0.05)}
+    w_uk_t = _rn(g, heads, 128, 512, scale=0.1)
+    o_proj = _rn(g, 7168, 1536, scale=0.02)
+    before = o_proj.clone()
+    fill = kv["kv_cache"].clone()
+    res = []
+    for up in (None, o_proj):
+        kv["kv_cache"].copy_(fill)
+        out, q_lat = mla_qb_absorb(**qp, **kv, w_uk_t=w_uk_t, softmax_scale=192**-0.5,
+                                   upcoming=up, upcoming_bytes=nbytes)
+        torch.cuda.synchronize()
+        res.append((_codes(out), q_lat.view(torch.int32).cpu(), _codes(kv["kv_cache"])))
+    same = all(torch.equal(a, b) for a, b in zip(res[0], res[1], strict=True))
+    record_case(op="mla_qb_absorb", case=f"prefetch{nbytes}/bitwise", dtype="bfloat16",
+                max_abs_err=0.0, max_rel_err=0.0, atol=0.0, rtol=0.0,
+                passed=same and torch.equal(o_proj, before))
+    assert same, "the prefetch clusters changed bits"
+    assert torch.equal(o_proj, before), "the prefetch wrote to the weight"
+    with pytest.raises(PrepInputError, match="upcoming must be a contiguous tensor"):
+        mla_qb_absorb(**qp, **kv, w_uk_t=w_uk_t, softmax_scale=192**-0.5,
+                      upcoming=o_proj[:, :768], upcoming_bytes=nbytes)

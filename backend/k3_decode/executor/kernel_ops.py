@@ -139,8 +139,8 @@ class KernelOps:
             else None
         self._mla_fused = None if envs.K3_DECODE_MLA_FUSED == "1" else False  # None: if it fits
         self._mla_tiling = DEFAULT_TILING
-        self._mla_small = Tiling(tokens_per_cta=4) if envs.K3_DECODE_MLA_SMALL_TPC \
-            else DEFAULT_TILING
+        self._mla_small = Tiling(tokens_per_cta=4 if envs.K3_DECODE_MLA_SMALL_TPC else 8,
+                                 fp8_tile=32 if envs.K3_DECODE_MLA_TILE32 else 64)
         self.max_context = max_context
         if side_stream is None:
             side_stream = envs.K3_DECODE_SIDE_STREAM
@@ -160,6 +160,7 @@ class KernelOps:
         self._next_prefetch_bytes = int(envs.K3_DECODE_NEXT_PREFETCH_MB * (1 << 20))
         self._tail_prefetch_bytes = int(envs.K3_DECODE_TAIL_PREFETCH_MB * (1 << 20))
         self._oproj_prefetch_bytes = int(envs.K3_DECODE_OPROJ_PREFETCH_MB * (1 << 20))
+        self._qba_prefetch_bytes = int(envs.K3_DECODE_QBA_OPROJ_PREFETCH_MB * (1 << 20))
         self.skip_experts = False
         """Benchmark aid: skip the routed experts (the latent goes straight to the norm)."""
         self._counters: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
@@ -228,7 +229,9 @@ class KernelOps:
             if self._mla_qba is not None and qba_fits(t, m.q_lora_rank, w.q_b.shape[0]):
                 qb, q_lat = self._mla_qba(q_c, w.q_a_norm, w.q_b, *kv_args, w.w_uk_t,
                                           softmax_scale=m.softmax_scale, q_per_request=inp.q,
-                                          eps=m.norm_eps, q_eps=m.norm_eps, pdl=self._pdl_qba)
+                                          eps=m.norm_eps, q_eps=m.norm_eps, pdl=self._pdl_qba,
+                                          upcoming=w.o_proj,
+                                          upcoming_bytes=self._qba_prefetch_bytes)
             else:
                 qb = self._mla_qb(q_c, w.q_a_norm, w.q_b, *kv_args, q_per_request=inp.q,
                                   eps=m.norm_eps, q_eps=m.norm_eps)

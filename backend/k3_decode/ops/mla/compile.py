@@ -40,11 +40,14 @@ class Tiling:
     unroll: int = 4  # SIMT: cache tokens in flight per warp
     tokens_per_cta: int = 8  # tokens per absorb/combine CTA (W_UK / W_UV reuse); multiple of 4
     variant: str = "mma"  # attention core: "mma" (mma.sync + cp.async) or "simt" (FFMA)
+    fp8_tile: int = 64  # mma: cache tokens per tile with an fp8 cache (64 or 32; bf16: 32)
 
     def __post_init__(self) -> None:
         if self.tokens_per_cta < 4 or self.tokens_per_cta % 4:
             raise ValueError(f"tokens_per_cta must be a positive multiple of 4 (one token per "
                              f"combine warp), got {self.tokens_per_cta}")
+        if self.fp8_tile not in (32, 64):
+            raise ValueError(f"fp8_tile must be 32 or 64, got {self.fp8_tile}")
 
     @property
     def rows_per_cta(self) -> int:
@@ -72,7 +75,7 @@ class Tiling:
     @property
     def tokens_per_iter(self) -> int:
         """Split chunks are a multiple of this many tokens."""
-        return 64 if self.variant == "mma" else k.ATTN_WARPS * self.unroll
+        return self.fp8_tile if self.variant == "mma" else k.ATTN_WARPS * self.unroll
 
 
 DEFAULT_TILING = Tiling()
@@ -120,6 +123,7 @@ def launch_mla_decode(
     absorb: cutlass.Constexpr = True,
     pf_x: cutlass.Constexpr = 0,
     pdl_attend: cutlass.Constexpr = False,
+    fp8_tile: cutlass.Constexpr = 64,
 ):
     """Launch absorb -> split-KV attend -> combine/W_UV/gate on ``stream``; with ``pdl`` absorb
     and combine are programmatic dependent launches (weights loaded before they wait); with
@@ -153,7 +157,7 @@ def launch_mla_decode(
         if cutlass.const_expr(variant == "mma"):
             km.attend_mma_kernel(
                 q_lat, cache, block_table, seq_lens, o_part, lse_part, n_req, n_heads, q_len,
-                bt_stride, block_size, chunk, max_context, pdl_attend,
+                bt_stride, block_size, chunk, max_context, pdl_attend, fp8_tile,
             ).launch(grid=((q_len * n_heads + km.M_TILE - 1) // km.M_TILE, n_splits, n_req),
                      block=(km.THREADS, 1, 1), stream=stream, use_pdl=pdl_attend)
         else:
@@ -201,11 +205,13 @@ def compile_mla_decode(cache_dtype: str, tiling: Tiling, options: str | None = N
         raise ValueError("fused=True runs its own absorb stage (absorb=False does not apply)")
     if fused and pf_x:
         raise ValueError("fused=True has no combine launch to prefetch from (pf_x must be 0)")
+    if fused and tiling.fp8_tile != 64:
+        raise ValueError("fused=True runs 64-token fp8 tiles (fp8_tile must be 64)")
     if pdl_attend and (fused or tiling.variant != "mma"):
         raise ValueError("pdl_attend=True needs the tensor-core attention in its own launch")
     args = _compile_args(cache_dtype)
     consts = (tiling.rows, tiling.unroll, tiling.tokens_per_cta, tiling.variant, bool(pdl),
-              bool(fused), bool(absorb), int(pf_x), bool(pdl_attend))
+              bool(fused), bool(absorb), int(pf_x), bool(pdl_attend), tiling.fp8_tile)
     if options:
         return cute.compile(launch_mla_decode, *args, *consts, options=options)
     return cute.compile(launch_mla_decode, *args, *consts)

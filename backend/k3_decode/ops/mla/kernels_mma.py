@@ -31,10 +31,12 @@ Q_STRIDE = D_QK + 8  # padded smem rows: conflict-free 32-bit fragment loads
 Q_VECS = M_TILE * D_QK // 4 // THREADS  # 16-byte query loads per thread
 
 
-def mma_params(cache_dtype: type[cutlass.Numeric]) -> dict:
-    """Compile-time constants per cache dtype (tile of 64 fp8 or 32 bf16 tokens, ~37 KB)."""
+def mma_params(cache_dtype: type[cutlass.Numeric], fp8_tile: int = 64) -> dict:
+    """Compile-time constants per cache dtype (tile of 64 fp8 or 32 bf16 tokens, ~37 KB;
+    ``fp8_tile`` = 32: fp8 tiles of 32 tokens, half the work per tile for twice the splits)."""
     if cache_dtype is cutlass.Float8E4M3FN:
-        return {"t16": cutlass.Float16, "n_tile": 64, "row_stride": D_QK + 16, "hilo": False}
+        return {"t16": cutlass.Float16, "n_tile": fp8_tile, "row_stride": D_QK + 16,
+                "hilo": False}
     return {"t16": cutlass.BFloat16, "n_tile": 32, "row_stride": D_QK + 8, "hilo": True}
 
 
@@ -60,6 +62,7 @@ def attend_mma_body(
     wait_ctr: cute.Pointer = None,
     wait_target: cutlass.Int32 = 0,
     pdl: cutlass.Constexpr = False,
+    fp8_tile: cutlass.Constexpr = 64,
 ):
     """Split-KV latent attention of 16 query rows (group ``gidx``) of request ``r`` over chunk
     ``s``, on tensor cores. With ``wait_ctr`` (``mla_core_kernel``) the first cache tile's copies
@@ -73,7 +76,7 @@ def attend_mma_body(
     if cutlass.const_expr(not pdl):
         cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched combine may start
     cdt = cache.dtype
-    prm = mma_params(cdt)
+    prm = mma_params(cdt, fp8_tile)
     t16, n_tile, rs, hilo = prm["t16"], prm["n_tile"], prm["row_stride"], prm["hilo"]
     epc = 128 // cdt.width  # elements per 16-byte chunk
     cpt = D_QK // epc  # chunks per token row
@@ -321,12 +324,13 @@ def attend_mma_kernel(q_lat: cute.Pointer, cache: cute.Pointer, block_table: cut
                       seq_lens: cute.Pointer, o_part: cute.Pointer, lse_part: cute.Pointer,
                       n_req: cutlass.Int32, n_heads: cutlass.Int32, q_len: cutlass.Int32,
                       bt_stride: cutlass.Int32, block_size: cutlass.Int32, chunk: cutlass.Int32,
-                      max_context: cutlass.Int32, pdl: cutlass.Constexpr = False):
+                      max_context: cutlass.Int32, pdl: cutlass.Constexpr = False,
+                      fp8_tile: cutlass.Constexpr = 64):
     """``attend_mma_body`` on grid (16-row group, split, request)."""
     gidx, s, r = cute.arch.block_idx()
     attend_mma_body(gidx, s, r, cute.arch.grid_dim()[1], q_lat, cache, block_table, seq_lens,
                     o_part, lse_part, n_req, n_heads, q_len, bt_stride, block_size, chunk,
-                    max_context, pdl=pdl)
+                    max_context, pdl=pdl, fp8_tile=fp8_tile)
 
 
 @cute.jit

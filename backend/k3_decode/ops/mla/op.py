@@ -129,14 +129,15 @@ def mla_decode(
                                 n_splits=n_splits, ctas_per_sm=tiling.ctas_per_sm,
                                 min_ctas=tiling.min_ctas)
     n_core = core_ctas(shape.n_req, shape.n_heads, shape.q_len, splits, tiling.tokens_per_cta)
-    can_fuse = (tiling.variant == "mma" and not pdl and not pdl_attend and counter is not None
-                and q_lat is None and n_core <= _num_sms(dev.index or 0) * CORE_CTAS_PER_SM)
+    can_fuse = (tiling.variant == "mma" and tiling.fp8_tile == 64 and not pdl and not pdl_attend
+                and counter is not None and q_lat is None and n_core <= _num_sms(dev.index or 0) * CORE_CTAS_PER_SM)
     if fused is None:
         fused = can_fuse and envs.K3_DECODE_MLA_FUSED == "1"
     elif fused and not can_fuse:
         why = ("it needs the tensor-core attention (variant 'mma')" if tiling.variant != "mma"
                else "it does not run with pdl=True" if pdl
                else "it does not run with pdl_attend=True" if pdl_attend
+               else "it runs 64-token fp8 tiles (tiling.fp8_tile=32)" if tiling.fp8_tile != 64
                else "it runs its own absorb stage (q_lat= was given)" if q_lat is not None
                else "it needs counter= (an int32 tensor of >= 3 zeros of the caller's own)"
                if counter is None

@@ -49,6 +49,7 @@ from backend.k3_decode.ops.gemv.device import (
     I64,
     U32,
     flat,
+    prefetch_share,
     situ,
     smem_vec,
     st_cluster_f32,
@@ -416,12 +417,14 @@ def mla_qba_kernel(q_c: cute.Pointer, q_w: cute.Pointer, w: cute.Pointer, y: cut
                    kv_w: cute.Pointer, cache: cute.Pointer, block_table: cute.Pointer,
                    positions: cute.Pointer, kv_scale: cute.Pointer, ld_kvc: I64, ld_kpe: I64,
                    ld_bt: I64, ld_blk: I64, ld_slot: I64, q_per_request: I32, log2_bs: I32,
-                   max_blocks: I32, num_blocks: I32, k: cutlass.Constexpr,
-                   tt: cutlass.Constexpr, q_eps: cutlass.Constexpr, fp8: cutlass.Constexpr,
-                   eps: cutlass.Constexpr, pdl: cutlass.Constexpr = False):
+                   max_blocks: I32, num_blocks: I32, pf: cute.Pointer, pf_bytes: I64,
+                   k: cutlass.Constexpr, tt: cutlass.Constexpr, q_eps: cutlass.Constexpr,
+                   fp8: cutlass.Constexpr, eps: cutlass.Constexpr,
+                   pdl: cutlass.Constexpr = False, pf_clusters: cutlass.Constexpr = 0):
     """Cluster `h < n_heads` (8 CTAs): the head's q_b rows and its absorbed latent query;
     cluster `n_heads`: its first CTA's warps insert the tokens' cache rows (see `mla_qb_absorb`
-    in op.py for the math). `pdl` (programmatic dependent launch): the W_UK_T slice, the CTA's
+    in op.py for the math); the `pf_clusters` clusters after it only bulk-prefetch equal shares
+    of `[pf, pf + pf_bytes)` (a later kernel's weight) into L2 and exit. `pdl` (programmatic dependent launch): the W_UK_T slice, the CTA's
     q_b rows and the q norm weight are loaded before `griddepcontrol.wait` (`row_dot`), q_c is
     read after it; the insert warps wait before they read kv_c / k_pe. Nothing is written
     before the wait."""
@@ -506,6 +509,10 @@ def mla_qba_kernel(q_c: cute.Pointer, q_w: cute.Pointer, w: cute.Pointer, y: cut
                     tot = tot + s_red[(g * tt + t) * QBA_COLS + col]
                 lat_row = (t * n_heads + head).to(I64) * (D_LAT + D_ROPE)
                 flat(q_lat)[lat_row + rank * QBA_COLS + col] = tot * qscale
+    elif head > n_heads:
+        if cutlass.const_expr(pf_clusters > 0):
+            prefetch_share(pf, pf_bytes, (bx - (n_heads + 1) * QBA_SPLIT) * QBA_THREADS + tid,
+                           I32(pf_clusters * QBA_SPLIT * QBA_THREADS))
     else:
         if (rank == 0) & (warp < tt) & (warp < n_tok):
             if cutlass.const_expr(pdl):
@@ -522,15 +529,16 @@ def mla_qba_launch(q_c: cute.Pointer, q_w: cute.Pointer, w: cute.Pointer, y: cut
                    kv_w: cute.Pointer, cache: cute.Pointer, block_table: cute.Pointer,
                    positions: cute.Pointer, kv_scale: cute.Pointer, ld_kvc: I64, ld_kpe: I64,
                    ld_bt: I64, ld_blk: I64, ld_slot: I64, q_per_request: I32, log2_bs: I32,
-                   max_blocks: I32, num_blocks: I32, stream: cuda.CUstream,
-                   k: cutlass.Constexpr, tt: cutlass.Constexpr, q_eps: cutlass.Constexpr,
-                   fp8: cutlass.Constexpr, eps: cutlass.Constexpr,
-                   pdl: cutlass.Constexpr = False):
-    """Host side: clusters of 8 CTAs, one per head plus one for the cache insert; `pdl`: a
-    programmatic dependent launch (it may start while the previous kernel runs)."""
+                   max_blocks: I32, num_blocks: I32, pf: cute.Pointer, pf_bytes: I64,
+                   stream: cuda.CUstream, k: cutlass.Constexpr, tt: cutlass.Constexpr,
+                   q_eps: cutlass.Constexpr, fp8: cutlass.Constexpr, eps: cutlass.Constexpr,
+                   pdl: cutlass.Constexpr = False, pf_clusters: cutlass.Constexpr = 0):
+    """Host side: clusters of 8 CTAs, one per head plus one for the cache insert (plus
+    `pf_clusters` prefetch clusters); `pdl`: a programmatic dependent launch (it may start
+    while the previous kernel runs)."""
     mla_qba_kernel(q_c, q_w, w, y, w_uk_t, q_lat, softmax_scale, n_heads, n_tok, ld_q, ld_y,
                    kv_c, k_pe, kv_w, cache, block_table, positions, kv_scale, ld_kvc, ld_kpe,
-                   ld_bt, ld_blk, ld_slot, q_per_request, log2_bs, max_blocks, num_blocks, k,
-                   tt, q_eps, fp8, eps, pdl).launch(
-        grid=((n_heads + 1) * QBA_SPLIT, 1, 1), block=(QBA_THREADS, 1, 1),
+                   ld_bt, ld_blk, ld_slot, q_per_request, log2_bs, max_blocks, num_blocks, pf,
+                   pf_bytes, k, tt, q_eps, fp8, eps, pdl, pf_clusters).launch(
+        grid=((n_heads + 1 + pf_clusters) * QBA_SPLIT, 1, 1), block=(QBA_THREADS, 1, 1),
         cluster=(QBA_SPLIT, 1, 1), stream=stream, use_pdl=pdl)
