@@ -116,6 +116,15 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # "1": at 1-4 tokens the tensor-core MLA attention takes 32-token fp8 cache tiles (twice
     # the splits, half the work per CTA; `Tiling(fp8_tile=32)`). Session 13 candidate.
     "K3_DECODE_MLA_TILE32": lambda: os.environ.get("K3_DECODE_MLA_TILE32", "0") == "1",
+    # "2" or "4": at 1-2 tokens the MLA layer's q_a|kv_a|gate GEMV (3648 rows of K = 7168: 0.58
+    # waves of one warp per row) runs 2 or 4 warps per row, each over a K / n slice (more
+    # bytes in flight; with dependent launches the first group is a larger share of the
+    # row). "1": one warp per row. Session 13 candidate.
+    "K3_DECODE_QKV_KSPLIT": lambda: _choice("K3_DECODE_QKV_KSPLIT", "1", ("1", "2", "4")),
+    # "4" or "2": the SIMT GEMVs run CTAs of that many warps instead of 8 (one row per warp, so
+    # 2-4x the CTAs: e.g. the q_a|kv_a|gate GEMV's 456 CTAs put 4 on 60 SMs and 3 on 72; 1824
+    # CTAs of 2 warps put 14 and 13). Same results. Session 13 candidate.
+    "K3_DECODE_GEMV_WARPS": lambda: _choice("K3_DECODE_GEMV_WARPS", "8", ("2", "4", "8")),
     # Where the latent MoE's RMSNorm runs at 1-2 tokens: "gemv" (default) inside the tail
     # projection (`gemv_normed`: the w2 kernel writes un-normalised bf16 rows + partial sums of
     # squares, no ticket), "w2" in the w2 kernel's ticket epilogue (always so from 3 tokens and

@@ -275,28 +275,36 @@ def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool, w2: bool | str,
 
 
 @pytest.mark.variant
-@pytest.mark.parametrize("reqs", [1, 4])
-def test_mla_tile32_step_agrees(reqs: int, monkeypatch) -> None:
-    """``K3_DECODE_MLA_TILE32=1`` (32-token fp8 tiles at <= 4 tokens: other splits, so other
-    partial sums, not the same bits): one step's logits within 1e-3 (relative Frobenius) of the
-    default executor's, the same top-1 tokens, and the knob took effect (the MLA decode was
-    compiled with ``fp8_tile=32``)."""
-    monkeypatch.delenv("K3_DECODE_MLA_TILE32", raising=False)
+@pytest.mark.parametrize("knob,value,compiler,key", [
+    ("K3_DECODE_MLA_TILE32", "1", "compiled_mla_decode", "fp8_tile=32"),
+    ("K3_DECODE_QKV_KSPLIT", "2", "compile_gemv", "ksplit=2"),
+    ("K3_DECODE_QKV_KSPLIT", "4", "compile_gemv", "ksplit=4")])
+@pytest.mark.parametrize("reqs", [1, 2])
+def test_reordering_variants_agree(knob: str, value: str, compiler: str, key: str, reqs: int,
+                                   monkeypatch) -> None:
+    """Session 13's variants that add in another order, so give other bits:
+    ``K3_DECODE_MLA_TILE32=1`` (32-token fp8 tiles at <= 4 tokens: other splits, other partial
+    sums) and ``K3_DECODE_QKV_KSPLIT`` (the q_a|kv_a|gate GEMV's rows split over 2 or 4 warps).
+    One step's logits are within 2e-2 (relative Frobenius) of the default executor's, with the
+    same top-1 tokens, and the knob took effect (its compile key). The layers hand bf16 rows on,
+    so one output rounded the other way moves the logits by a few 1e-3 (H200, session 13:
+    4.5e-3 and 4.9e-3 with 32-token tiles at 1 and 4 requests); a wrong kernel by O(1)."""
+    monkeypatch.delenv(knob, raising=False)
     _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
-    monkeypatch.setenv("K3_DECODE_MLA_TILE32", "1")
+    monkeypatch.setenv(knob, value)
     other = Executor(KernelOps(spec.weights.config, max_context=1024), spec.weights,
                      spec.caches.clone(), max_tokens=reqs)
     a, b = spec.step(inp).float().clone(), other.step(inp).float().clone()
     rel = float((a - b).norm() / a.norm())
-    ok = rel < 1e-3 and torch.equal(a.argmax(-1), b.argmax(-1)) and bool(torch.isfinite(b).all())
-    record_case(op="executor_variant", case=f"K3_DECODE_MLA_TILE32=1/r{reqs}-logits-rel",
+    ok = rel < 2e-2 and torch.equal(a.argmax(-1), b.argmax(-1)) and bool(torch.isfinite(b).all())
+    record_case(op="executor_variant", case=f"{knob}={value}/r{reqs}-logits-rel",
                 dtype="float32", max_abs_err=float((a - b).abs().max()), max_rel_err=rel,
-                atol=0.0, rtol=1e-3, passed=ok)
+                atol=0.0, rtol=2e-2, passed=ok)
     assert ok, rel
     keys: list = []
     with _compile_keys(monkeypatch, keys):
         M.layer_kernels(other, 3, inp)
-    assert any(k[0] == "compiled_mla_decode" and "fp8_tile=32" in k[1] for k in keys), keys
+    assert any(k[0] == compiler and key in k[1] for k in keys), keys
 
 
 def test_kda_moe_layer_kernel_count() -> None:
@@ -553,7 +561,8 @@ def _opt_in(*args):
     _opt_in("K3_DECODE_OPROJ_PREFETCH_MB", "16", 1),
     _opt_in("K3_DECODE_OPROJ_PREFETCH_MB", "16", 2), _opt_in("K3_DECODE_SHARED_W13", "1", 1),
     _opt_in("K3_DECODE_SHARED_W13", "1", 2), _opt_in("K3_DECODE_QBA_OPROJ_PREFETCH_MB", "16", 1),
-    _opt_in("K3_DECODE_QBA_OPROJ_PREFETCH_MB", "22", 2)])
+    _opt_in("K3_DECODE_QBA_OPROJ_PREFETCH_MB", "22", 2), _opt_in("K3_DECODE_GEMV_WARPS", "4", 1),
+    _opt_in("K3_DECODE_GEMV_WARPS", "2", 2)])
 def test_session10_variants_give_the_same_step(knob: str, value: str, reqs: int,
                                                monkeypatch) -> None:
     """Each variant of session 10 (rolled router rounds and 4-token MLA absorb / combine CTAs,

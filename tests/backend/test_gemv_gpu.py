@@ -214,3 +214,44 @@ def test_gemv_row_prefetch_changes_no_bit(n: int, k: int, t: int) -> None:
                                x.double() @ w.double().T, 2e-2, 2e-2, REL_FRO[torch.bfloat16])
     assert ok, msg
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.variant
+@pytest.mark.parametrize("n,k,t", [(3648, 7168, 1), (3647, 7168, 2), (7168, 1536, 1),
+                                   (7, 7168, 1), (6288, 7168, 2)])
+def test_gemv_cta_warps_and_ksplit(n: int, k: int, t: int) -> None:
+    """The SIMT kernel with CTAs of 4 or 2 warps (``K3_DECODE_GEMV_WARPS``) gives the bits of the
+    8-warp CTAs (one warp per row either way; row counts that leave a CTA's last warps idle);
+    2 or 4 warps per row (``ksplit``, ``K3_DECODE_QKV_KSPLIT``: partials added in warp order,
+    another rounding) against float64, also as a dependent launch right after a kernel that
+    signals early (a SIMT GEMV writing x, NaN-poisoned first). Outputs poisoned."""
+    from backend.k3_decode.ops.gemv import gemv
+
+    _, w = _inputs(n, k, t, seed=7 * n + t)
+    a = torch.randn(t, 256, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16).cuda()
+    wx = (torch.randn(k, 256, generator=torch.Generator().manual_seed(k)) * 0.1).to(
+        torch.bfloat16).cuda()
+    xbuf = torch.empty(t, k, dtype=torch.bfloat16, device="cuda")
+    outs = {}
+    combos = [(8, 1), (4, 1), (2, 1), (8, 2), (4, 2), (2, 2)]
+    if k % 1024 == 0:
+        combos += [(8, 4), (4, 4)]
+    for warps, ksplit in combos:
+        for pdl in (False, True):
+            out = poison_(torch.empty(t, n, dtype=torch.bfloat16, device="cuda"))
+            poison_(xbuf)
+            gemv(a, wx, xbuf, variant="simt", pdl=False)  # writes x, signals at its start
+            gemv(xbuf, w, out, variant="simt", pdl=pdl, ksplit=ksplit, warps=warps)
+            outs[(warps, ksplit, pdl)] = out
+    torch.cuda.synchronize()
+    ref = xbuf.double() @ w.double().T
+    for (warps, ksplit, pdl), out in outs.items():
+        ok, msg = check_and_record(OP, f"simt/warps{warps}/ksplit{ksplit}/pdl{int(pdl)}/n{n}/k{k}"
+                                   f"/t{t}", out, ref, 2e-2, 2e-2, REL_FRO[torch.bfloat16])
+        assert ok, msg
+        same_k = outs[(8, ksplit, False)]
+        assert torch.equal(out, same_k), (warps, ksplit, pdl, "changed bits against 8 warps")
+    with pytest.raises(ValueError, match="ksplit=3 must be one of"):
+        gemv(xbuf, w, ksplit=3)
+    with pytest.raises(ValueError, match="warps=2 must be one of .* multiple of ksplit=4"):
+        gemv(xbuf, w, ksplit=4, warps=2)

@@ -123,7 +123,8 @@ class KernelOps:
             rms_glu_prep, mla_prep = torch_rms_glu_prep, torch_mla_prep
         self._pdl = bool(envs.K3_DECODE_PDL if pdl is None else pdl)
         self._prefetch = envs.K3_DECODE_GEMV_PREFETCH
-        self._gemv = functools.partial(gemv, pdl=self._pdl, prefetch=self._prefetch)
+        self._gemv = functools.partial(gemv, pdl=self._pdl, prefetch=self._prefetch,
+                                       warps=envs.K3_DECODE_GEMV_WARPS)
         self._gemv_normed = gemv_normed
         norm_at = envs.K3_DECODE_MOE_NORM
         if norm_at not in ("gemv", "w2"):
@@ -161,6 +162,7 @@ class KernelOps:
         self._tail_prefetch_bytes = int(envs.K3_DECODE_TAIL_PREFETCH_MB * (1 << 20))
         self._oproj_prefetch_bytes = int(envs.K3_DECODE_OPROJ_PREFETCH_MB * (1 << 20))
         self._qba_prefetch_bytes = int(envs.K3_DECODE_QBA_OPROJ_PREFETCH_MB * (1 << 20))
+        self._qkv_ksplit = envs.K3_DECODE_QKV_KSPLIT
         self.skip_experts = False
         """Benchmark aid: skip the routed experts (the latent goes straight to the norm)."""
         self._counters: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
@@ -217,7 +219,8 @@ class KernelOps:
         t, nh = h.shape[0], m.num_heads
         nope, rope = m.qk_nope_head_dim, m.qk_rope_head_dim
         q_lat = None  # the absorbed query, where the q_b launch writes it
-        proj = self._gemv(h, w.qkv_a_g)  # one GEMV; the MLA op reads the gate rows in place
+        proj = self._gemv(h, w.qkv_a_g, ksplit=self._qkv_ksplit if t <= 2 else 1)  # one GEMV;
+        # the MLA op reads the gate rows in place
         q_c, kv_c, k_pe, gate = proj.split([m.q_lora_rank, m.kv_lora_rank, rope,
                                             nh * m.v_head_dim], dim=-1)
         if (self._mla_qb is not None and qb_fits(t, m.q_lora_rank)

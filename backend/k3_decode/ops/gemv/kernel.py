@@ -143,24 +143,57 @@ def gemv_row(w: cute.Pointer, x: cute.Pointer, y: cute.Pointer, row: I32, tok0: 
 @cute.kernel
 def gemv_kernel(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I32, n_tok: I32,
                 ld_x: I64, ld_y: I64, k: cutlass.Constexpr, tt: cutlass.Constexpr,
-                pdl: cutlass.Constexpr, prefetch: cutlass.Constexpr):
-    """One warp per weight row, `tt` tokens per CTA; y is bf16 or fp32 (y's pointer type)."""
+                pdl: cutlass.Constexpr, prefetch: cutlass.Constexpr,
+                ksplit: cutlass.Constexpr = 1, warps: cutlass.Constexpr = WARPS):
+    """One warp per weight row, `tt` tokens per CTA; y is bf16 or fp32 (y's pointer type).
+    `warps` per CTA (8; 4 or 2: more, smaller CTAs, so that the rows spread more evenly over
+    the SMs). `ksplit` > 1: `ksplit` adjacent warps share a row, each over its K / ksplit
+    columns (more warps, and bytes in flight, for a weight of few rows); the CTA adds their
+    warp-reduced partials through shared memory in warp order (warps / ksplit rows per CTA)."""
     cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched next kernel may start
     warp = cute.arch.warp_idx()
     rb, tb, _ = cute.arch.block_idx()
-    row = rb * WARPS + warp
-    if row < n_rows:
-        gemv_row(w, x, y, row, tb * tt, n_tok, ld_x, ld_y, k, tt, pdl, prefetch)
+    if cutlass.const_expr(ksplit == 1):
+        row = rb * warps + warp
+        if row < n_rows:
+            gemv_row(w, x, y, row, tb * tt, n_tok, ld_x, ld_y, k, tt, pdl, prefetch)
+    else:
+        kp = k // ksplit
+        row = rb * (warps // ksplit) + warp // ksplit
+        part = warp % ksplit
+        tok0 = tb * tt
+        smem = cutlass.memory.SmemAllocator()
+        s_part = smem.allocate_tensor(F32, cute.make_layout((warps * tt,)), byte_alignment=16)
+        acc = cute.make_rmem_tensor((tt,), F32)
+        lane = cute.arch.lane_idx()
+        if row < n_rows:
+            row_dot(w + row.to(I64) * k + part * kp, x + part * kp, ld_x, tok0, n_tok, acc, kp,
+                    tt, pdl, prefetch=prefetch)
+            if lane == 0:
+                for t in cutlass.range_constexpr(tt):
+                    s_part[warp * tt + t] = acc[t]
+        cute.arch.sync_threads()
+        if (row < n_rows) & (part == 0) & (lane == 0):
+            yt = cute.make_tensor(y, cute.make_layout((1 << 30,)))
+            for t in cutlass.range_constexpr(tt):
+                if tok0 + t < n_tok:
+                    tot = s_part[warp * tt + t]
+                    for j in cutlass.range_constexpr(1, ksplit):
+                        tot = tot + s_part[(warp + j) * tt + t]
+                    yt[(tok0 + t).to(I64) * ld_y + row] = tot.to(y.dtype)
 
 
 @cute.jit
 def gemv_launch(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I32, n_tok: I32,
                 ld_x: I64, ld_y: I64, stream: cuda.CUstream, k: cutlass.Constexpr,
                 tt: cutlass.Constexpr, pdl: cutlass.Constexpr = False,
-                prefetch: cutlass.Constexpr = False):
-    """Host side: grid (ceil(N/8), ceil(T/tt)) on the caller's stream (CUDA-graph safe);
-    `pdl`: a programmatic dependent launch (it may start while the previous kernel runs);
-    `prefetch`: each warp's row is bulk-prefetched into L2 first (`row_dot`)."""
-    gemv_kernel(x, w, y, n_rows, n_tok, ld_x, ld_y, k, tt, pdl, prefetch).launch(
-        grid=((n_rows + WARPS - 1) // WARPS, (n_tok + tt - 1) // tt, 1),
-        block=(THREADS, 1, 1), stream=stream, use_pdl=pdl)
+                prefetch: cutlass.Constexpr = False, ksplit: cutlass.Constexpr = 1,
+                warps: cutlass.Constexpr = WARPS):
+    """Host side: grid (ceil(N / (warps / ksplit)), ceil(T/tt)) on the caller's stream (CUDA-graph
+    safe); `pdl`: a programmatic dependent launch (it may start while the previous kernel
+    runs); `prefetch`: each warp's row is bulk-prefetched into L2 first (`row_dot`); `ksplit`:
+    warps per row, `warps` per CTA (`gemv_kernel`)."""
+    rows_per_cta = warps // ksplit
+    gemv_kernel(x, w, y, n_rows, n_tok, ld_x, ld_y, k, tt, pdl, prefetch, ksplit, warps).launch(
+        grid=((n_rows + rows_per_cta - 1) // rows_per_cta, (n_tok + tt - 1) // tt, 1),
+        block=(32 * warps, 1, 1), stream=stream, use_pdl=pdl)

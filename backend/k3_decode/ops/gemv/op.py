@@ -34,6 +34,8 @@ TOKEN_TILES = (1, 2, 4, 8)  # SIMT kernel
 MMA_TILES = (8, 16, 32, 64)  # tensor-core kernel
 SIMT_MAX_TOKENS = 2  # "auto": SIMT for 1-2 rows (and see pick_variant) (H200, backend/NOTES.md)
 VARIANTS = ("auto", "simt", "mma")
+KSPLITS = (1, 2, 4)  # SIMT: warps per weight row
+CTA_WARPS = (2, 4, 8)  # SIMT: warps per CTA
 
 
 class GemvInputError(ValueError):
@@ -52,6 +54,8 @@ class GemvKey:
     splits: int = 1  # mma: warps per CTA splitting K (kernel_mma.py)
     pdl: bool = False  # SIMT: programmatic dependent launch (K3_DECODE_PDL)
     prefetch: bool = False  # SIMT: bulk L2 prefetch of each row first (K3_DECODE_GEMV_PREFETCH)
+    ksplit: int = 1  # SIMT: warps per weight row, each over K / ksplit columns
+    warps: int = 8  # SIMT: warps per CTA
 
 
 def pick_token_tile(n_tok: int, variant: str = "simt") -> int:
@@ -147,14 +151,15 @@ def compile_gemv(key: GemvKey, extra_options: str = ""):
         from backend.k3_decode.ops.gemv.kernel_mma import gemv_mma_launch as launch
     else:
         from backend.k3_decode.ops.gemv.kernel import gemv_launch as launch
-    extra = (key.splits,) if key.variant == "mma" else (key.pdl, key.prefetch)
+    extra = ((key.splits,) if key.variant == "mma"
+             else (key.pdl, key.prefetch, key.ksplit, key.warps))
     return cute.compile(launch, *_compile_args(key.out_f32), key.k, key.tt, *extra,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
          variant: str = "auto", splits: int | None = None, pdl: bool | None = None,
-         prefetch: bool = False) -> torch.Tensor:
+         prefetch: bool = False, ksplit: int = 1, warps: int = 8) -> torch.Tensor:
     """`out = x @ w.T` (fp32 accumulation); returns `out` (bf16 unless an fp32 `out` is given).
 
     `variant`: "auto" (`pick_variant`: SIMT for 1-2 rows and for 3-4 rows of few long weight
@@ -164,7 +169,11 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
     the stream runs; x is read after that kernel has finished); None = `K3_DECODE_PDL`. The
     tensor-core kernel never is (measured slower, backend/NOTES.md session 5). `prefetch`
     (SIMT kernel only; ignored by the tensor-core one): each warp first bulk-prefetches its
-    weight row into L2 (`kernel.row_dot`).
+    weight row into L2 (`kernel.row_dot`). `ksplit` (SIMT kernel only; ignored by the tensor-core
+    one): 1, 2 or 4 warps per weight row, each over K / ksplit columns (K a multiple of
+    256 * ksplit), their partials added in warp order: more warps and bytes in flight for a
+    weight of few rows (not the same rounding as `ksplit=1`). `warps` (SIMT only): warps per
+    CTA, 8, 4 or 2 (smaller CTAs spread the rows more evenly over the SMs; same results).
     """
     need(variant in VARIANTS, GemvInputError, OP, f"unknown variant {variant!r} ({VARIANTS})")
     need(splits is None or splits in SPLITS, GemvInputError, OP,
@@ -174,6 +183,10 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
              and w.dim() == 2, GemvInputError, OP, "x must be [T, K] and w [N, K]")
         out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=x.device)
     t, n, k = check_inputs(x, w, out, variant, splits)
+    need(ksplit in KSPLITS and k % (256 * ksplit) == 0, GemvInputError, OP,
+         f"ksplit={ksplit!r} must be one of {KSPLITS} with K={k} a multiple of 256 * ksplit")
+    need(warps in CTA_WARPS and warps % ksplit == 0, GemvInputError, OP,
+         f"warps={warps!r} must be one of {CTA_WARPS} and a multiple of ksplit={ksplit}")
     out_f32 = out.dtype == torch.float32
     var = pick_variant(variant, t, n, k)
     tt = pick_token_tile(t, var)
@@ -183,7 +196,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
     if pdl is None:
         pdl = envs.K3_DECODE_PDL
     key = GemvKey(k, tt, out_f32, target_arch(), var, sp, bool(pdl) and var == "simt",
-                  bool(prefetch) and var == "simt")
+                  bool(prefetch) and var == "simt", ksplit if var == "simt" else 1,
+                  warps if var == "simt" else 8)
     fn = compile_gemv(key)
     import cutlass
 
