@@ -58,17 +58,30 @@ def settings() -> dict[str, int]:
         "pdl_w2": int(os.environ.get("K3_DECODE_PDL_W2", "0") == "1"),
         "pdl_attnres": int(os.environ.get("K3_DECODE_PDL_ATTNRES", "0") == "1"),
         "shared_w13": _shared_w13(),
+        # session 13: the MLA decode at 1-2 tokens and the SIMT GEMVs' CTAs
+        "pdl_qba": int(os.environ.get("K3_DECODE_PDL_QBA", "0") == "1"),
+        "pdl_attend": int(os.environ.get("K3_DECODE_PDL_ATTEND", "1") != "0"),
+        "pdl_combine": int(os.environ.get("K3_DECODE_PDL_COMBINE", "1") != "0"),
+        "mla_tile32": int(os.environ.get("K3_DECODE_MLA_TILE32", "1") != "0"),
+        "qkv_ksplit": _knob("K3_DECODE_QKV_KSPLIT"),
+        "gemv_warps": _knob("K3_DECODE_GEMV_WARPS"),
     }
+
+
+def _knob(name: str) -> int:
+    """A choice knob of ``backend.k3_decode.envs`` as the backend reads it; a bad value is a
+    usage error."""
+    from backend.k3_decode import envs
+
+    try:
+        return getattr(envs, name)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _shared_w13() -> int:
     """``K3_DECODE_SHARED_W13`` as the backend reads it; a bad value is a usage error."""
-    from backend.k3_decode import envs
-
-    try:
-        return envs.K3_DECODE_SHARED_W13
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    return _knob("K3_DECODE_SHARED_W13")
 
 
 def _model(tp: int, s: dict[str, int]) -> Any:

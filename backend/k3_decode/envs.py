@@ -103,28 +103,34 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     "K3_DECODE_PDL_ATTNRES": lambda: os.environ.get("K3_DECODE_PDL_ATTNRES", "0") == "1",
     # "1" (with K3_DECODE_PDL on, 1-2 tokens): the q_b + absorb + cache-insert launch
     # (`mla_qb_absorb`) is a dependent launch of the q_a|kv_a|gate GEMV (its q_b rows, norm
-    # weight and W_UK_T slice are loaded before the wait). Session 13 candidate.
+    # weight and W_UK_T slice are loaded before the wait). Off: no faster on the H200 (session
+    # 13: its launch took 5.0 -> 5.7 us, the MLA + MoE span in the step +1.2 / +1.6 us).
     "K3_DECODE_PDL_QBA": lambda: os.environ.get("K3_DECODE_PDL_QBA", "0") == "1",
-    # "1" (with K3_DECODE_PDL on, tensor-core MLA attention): the attention kernel is a
-    # dependent launch (the first tile's cache rows of earlier steps go out before the wait;
-    # it signals its dependents only after its wait). Session 13 candidate.
-    "K3_DECODE_PDL_ATTEND": lambda: os.environ.get("K3_DECODE_PDL_ATTEND", "0") == "1",
-    # "1" (with K3_DECODE_PDL on): the MLA combine (and a separate absorb) are dependent
-    # launches (`mla_decode(pdl=True)`: W_UV loaded before the wait; session 6 measured the
-    # pair 3.7% slower at batch 1 before the absorb moved into the q_b launch). Session 13.
-    "K3_DECODE_PDL_COMBINE": lambda: os.environ.get("K3_DECODE_PDL_COMBINE", "0") == "1",
-    # "1": at 1-4 tokens the tensor-core MLA attention takes 32-token fp8 cache tiles (twice
-    # the splits, half the work per CTA; `Tiling(fp8_tile=32)`). Session 13 candidate.
-    "K3_DECODE_MLA_TILE32": lambda: os.environ.get("K3_DECODE_MLA_TILE32", "0") == "1",
-    # "2" or "4": at 1-2 tokens the MLA layer's q_a|kv_a|gate GEMV (3648 rows of K = 7168: 0.58
-    # waves of one warp per row) runs 2 or 4 warps per row, each over a K / n slice (more
-    # bytes in flight; with dependent launches the first group is a larger share of the
-    # row). "1": one warp per row. Session 13 candidate.
-    "K3_DECODE_QKV_KSPLIT": lambda: _choice("K3_DECODE_QKV_KSPLIT", "1", ("1", "2", "4")),
-    # "4" or "2": the SIMT GEMVs run CTAs of that many warps instead of 8 (one row per warp, so
-    # 2-4x the CTAs: e.g. the q_a|kv_a|gate GEMV's 456 CTAs put 4 on 60 SMs and 3 on 72; 1824
-    # CTAs of 2 warps put 14 and 13). Same results. Session 13 candidate.
-    "K3_DECODE_GEMV_WARPS": lambda: _choice("K3_DECODE_GEMV_WARPS", "8", ("2", "4", "8")),
+    # The MLA decode at 1-2 tokens (session 13 defaults; "0" turns each off; interleaved A/B on
+    # the H200, NOTES.md session 13: the three together took the MLA + MoE layer's span in the
+    # whole step from 103.9 / 102.9 to 100.3 / 99.2 us at batch 1 in two calls, whole step
+    # -0.6% both times; at batch 8 the two dependent launches cost +1%, so 1-2 tokens only):
+    # - PDL_ATTEND (with K3_DECODE_PDL on): the tensor-core attention kernel is a dependent
+    #   launch (the first tile's cache rows of earlier steps go out before the wait; it signals
+    #   its dependents only after the wait);
+    # - PDL_COMBINE (with K3_DECODE_PDL on): the combine (`mla_decode(pdl=True)`: W_UV loaded
+    #   before the wait) is one too;
+    # - MLA_TILE32: 32-token fp8 cache tiles (`Tiling(fp8_tile=32)`: twice the splits, half the
+    #   work per CTA; attention 7.0 -> 5.3 us, combine 4.4 -> 5.2 at batch 1; other partial
+    #   sums, so other bits: logits within a few 1e-3).
+    "K3_DECODE_PDL_ATTEND": lambda: os.environ.get("K3_DECODE_PDL_ATTEND", "1") != "0",
+    "K3_DECODE_PDL_COMBINE": lambda: os.environ.get("K3_DECODE_PDL_COMBINE", "1") != "0",
+    "K3_DECODE_MLA_TILE32": lambda: os.environ.get("K3_DECODE_MLA_TILE32", "1") != "0",
+    # "2" (default since session 13) or "4": at 1-2 tokens the MLA layer's q_a|kv_a|gate GEMV
+    # (3648 rows of K = 7168) runs 2 or 4 warps per row, each over a K / n slice (more bytes in
+    # flight; as a dependent launch its first group is half the row instead of a quarter);
+    # partials added in warp order (other bits). "1": one warp per row.
+    "K3_DECODE_QKV_KSPLIT": lambda: _choice("K3_DECODE_QKV_KSPLIT", "2", ("1", "2", "4")),
+    # "4" (default since session 13) or "2": the SIMT GEMVs run CTAs of that many warps ("8":
+    # as before; one row per warp either way, same bits): e.g. the q_a|kv_a|gate GEMV's 456
+    # CTAs of 8 warps put 4 on 60 SMs and 3 on 72. With the split GEMV above: the MLA + MoE
+    # span at batch 1 98.7 us against 99.2 without both (session 13, one call).
+    "K3_DECODE_GEMV_WARPS": lambda: _choice("K3_DECODE_GEMV_WARPS", "4", ("2", "4", "8")),
     # Where the latent MoE's RMSNorm runs at 1-2 tokens: "gemv" (default) inside the tail
     # projection (`gemv_normed`: the w2 kernel writes un-normalised bf16 rows + partial sums of
     # squares, no ticket), "w2" in the w2 kernel's ticket epilogue (always so from 3 tokens and

@@ -63,6 +63,10 @@ compile_router(RouterKey(7168, 896, 16, 1, True, 1.0, arch, 3584 + 1536, True, F
 compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 1, False, 0, True, 0, False,
                    0, 0, 1, True))  # w2 as a dependent launch of w13 (K3_DECODE_PDL_W2)
 compile_attn_res(AttnResKey(7168, 3, True, False, True, 1e-6, 1e-6, arch, False, 0, True))  # PDL
+# session 13 defaults at 1-2 tokens: 4-warp CTAs; the MLA q_a|kv_a|gate GEMV 2 warps per row
+compile_gemv(GemvKey(1536, 1, False, arch, "simt", 1, True, False, 1, 4))
+compile_gemv(GemvKey(7168, 2, False, arch, "simt", 1, True, False, 2, 4))
+compile_gemv(GemvKey(7168, 1, False, arch, "simt", 1, True, False, 4, 4))  # K3_DECODE_QKV_KSPLIT=4
 print("COMPILED", arch)
 """
 KERNELS = ("gemv_kernel", "gemv_mma_kernel", "gemv_normed_kernel", "router_kernel",

@@ -35,11 +35,12 @@ def test_prefetch_mib_refuses(knob, raw, monkeypatch) -> None:
     ("K3_DECODE_MOE_H2", False), ("K3_DECODE_ROUTER_ROLLED", True),
     ("K3_DECODE_MLA_SMALL_TPC", True), ("K3_DECODE_SIDE_STREAM", False),
     ("K3_DECODE_PDL", True), ("K3_DECODE_PDL_W2", False), ("K3_DECODE_PDL_ATTNRES", False),
-    ("K3_DECODE_PDL_QBA", False), ("K3_DECODE_PDL_ATTEND", False),
-    ("K3_DECODE_PDL_COMBINE", False), ("K3_DECODE_MLA_TILE32", False)])
+    ("K3_DECODE_PDL_QBA", False), ("K3_DECODE_PDL_ATTEND", True),
+    ("K3_DECODE_PDL_COMBINE", True), ("K3_DECODE_MLA_TILE32", True)])
 def test_variant_switches(knob, default, monkeypatch) -> None:
     """Opt-in variants are on only at "1"; the ones made defaults in session 11 (rolled router
-    rounds, 4-token MLA CTAs) and 12 (dependent launches) are on unless "0"."""
+    rounds, 4-token MLA CTAs), 12 (dependent launches) and 13 (the MLA decode's at 1-2 tokens,
+    32-token fp8 tiles) are on unless "0"."""
     monkeypatch.delenv(knob, raising=False)
     assert getattr(envs, knob) is default
     for raw in ("1", "0", "yes"):
@@ -83,4 +84,44 @@ def test_harness_settings_record_the_session12_knobs(monkeypatch) -> None:
     assert (s["pdl"], s["pdl_attnres"], s["shared_w13"]) == (0, 1, 4)
     monkeypatch.setenv("K3_DECODE_SHARED_W13", "3")
     with pytest.raises(UsageError, match="K3_DECODE_SHARED_W13='3'"):
+        settings()
+
+
+def test_harness_settings_record_the_session13_knobs(monkeypatch) -> None:
+    """The session-13 knobs go into the harness's configuration at their defaults and as set."""
+    from backend.harness import settings
+
+    names = {"pdl_qba": "K3_DECODE_PDL_QBA", "pdl_attend": "K3_DECODE_PDL_ATTEND",
+             "pdl_combine": "K3_DECODE_PDL_COMBINE", "mla_tile32": "K3_DECODE_MLA_TILE32",
+             "qkv_ksplit": "K3_DECODE_QKV_KSPLIT", "gemv_warps": "K3_DECODE_GEMV_WARPS"}
+    for knob in names.values():
+        monkeypatch.delenv(knob, raising=False)
+    s = settings()
+    assert {k: s[k] for k in names} == {"pdl_qba": 0, "pdl_attend": 1, "pdl_combine": 1,
+                                        "mla_tile32": 1, "qkv_ksplit": 2, "gemv_warps": 4}
+    for knob, v in zip(names.values(), ("1", "0", "0", "0", "1", "8"), strict=True):
+        monkeypatch.setenv(knob, v)
+    s = settings()
+    assert {k: s[k] for k in names} == {"pdl_qba": 1, "pdl_attend": 0, "pdl_combine": 0,
+                                        "mla_tile32": 0, "qkv_ksplit": 1, "gemv_warps": 8}
+
+
+@pytest.mark.parametrize("knob,default,allowed", [("K3_DECODE_QKV_KSPLIT", 2, (1, 2, 4)),
+                                                  ("K3_DECODE_GEMV_WARPS", 4, (2, 4, 8))])
+def test_session13_choices(knob, default, allowed, monkeypatch) -> None:
+    """The split of the MLA q_a|kv_a|gate GEMV and the SIMT GEMVs' CTA size: their defaults,
+    every allowed value, and a clear error for anything else (also through the harness's
+    configuration: a usage error)."""
+    from backend.harness import settings
+    from k3fasttrack.errors import UsageError
+
+    monkeypatch.delenv(knob, raising=False)
+    assert getattr(envs, knob) == default
+    for v in allowed:
+        monkeypatch.setenv(knob, str(v))
+        assert getattr(envs, knob) == v
+    monkeypatch.setenv(knob, "3")
+    with pytest.raises(ValueError, match=f"{knob}='3': give one of"):
+        _ = getattr(envs, knob)
+    with pytest.raises(UsageError, match=f"{knob}='3'"):
         settings()

@@ -229,15 +229,17 @@ def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool, w2: bool | str,
     SIMT ones; (1, side): the router on a side stream beside the PDL front GEMV; `w2`:
     ``K3_DECODE_PDL_W2=1``, the MoE w2 kernel a dependent launch of w13 as well; "attnres":
     ``K3_DECODE_PDL_ATTNRES=1``, every AttnRes launch a dependent one; "mla": that and the MLA
-    chain's q_b + absorb launch, attention and combine as dependent launches too
-    (``K3_DECODE_PDL_QBA`` / ``_ATTEND`` / ``_COMBINE``; at 4 tokens the separate absorb)."""
+    q_b + absorb launch as a dependent launch too (``K3_DECODE_PDL_QBA``). The MLA attention
+    and combine at 1-2 tokens are dependent launches in every case (``K3_DECODE_PDL_ATTEND`` /
+    ``_COMBINE``, defaults since session 13; at 4 tokens they are ordinary)."""
     mla = w2 == "mla"
     attnres = w2 in ("attnres", "mla")
     w2 = w2 is True
     monkeypatch.setenv("K3_DECODE_PDL_W2", "1" if w2 else "0")
     monkeypatch.setenv("K3_DECODE_PDL_ATTNRES", "1" if attnres else "0")
-    for knob in ("K3_DECODE_PDL_QBA", "K3_DECODE_PDL_ATTEND", "K3_DECODE_PDL_COMBINE"):
-        monkeypatch.setenv(knob, "1" if mla else "0")
+    monkeypatch.setenv("K3_DECODE_PDL_QBA", "1" if mla else "0")
+    for knob in ("K3_DECODE_PDL_ATTEND", "K3_DECODE_PDL_COMBINE"):
+        monkeypatch.delenv(knob, raising=False)
     if side:
         monkeypatch.setenv("K3_DECODE_ROUTER_FRONT", "0")  # router and front GEMV apart
     _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
@@ -261,7 +263,8 @@ def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool, w2: bool | str,
         worst = max(worst, float((got - want).abs().max()))
     assert pdl.ops._moe.keywords["pdl"] is w2 and plain.ops._moe.keywords["pdl"] is False
     assert pdl.ops._attn_res.keywords["pdl"] is attnres
-    assert (pdl.ops._pdl_qba, pdl.ops._pdl_attend, pdl.ops._pdl_combine) == (mla,) * 3
+    assert (pdl.ops._pdl_qba, pdl.ops._pdl_attend, pdl.ops._pdl_combine) == (mla, True, True)
+    assert not (plain.ops._pdl_attend or plain.ops._pdl_combine)
     extra = "-mla" if mla else "-attnres" if attnres else ""
     record_case(op="executor_pdl",
                 case=f"tp8-r{reqs}-side{int(side)}-w2{int(w2)}{extra}-4-replays-bitwise",
@@ -274,21 +277,23 @@ def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool, w2: bool | str,
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-@pytest.mark.variant
 @pytest.mark.parametrize("knob,value,compiler,key", [
-    ("K3_DECODE_MLA_TILE32", "1", "compiled_mla_decode", "fp8_tile=32"),
-    ("K3_DECODE_QKV_KSPLIT", "2", "compile_gemv", "ksplit=2"),
-    ("K3_DECODE_QKV_KSPLIT", "4", "compile_gemv", "ksplit=4")])
+    ("K3_DECODE_MLA_TILE32", "0", "compiled_mla_decode", "fp8_tile=32"),
+    ("K3_DECODE_QKV_KSPLIT", "1", "compile_gemv", "ksplit=2"),
+    pytest.param("K3_DECODE_QKV_KSPLIT", "4", "compile_gemv", "ksplit=2",
+                 marks=pytest.mark.variant)])
 @pytest.mark.parametrize("reqs", [1, 2])
 def test_reordering_variants_agree(knob: str, value: str, compiler: str, key: str, reqs: int,
                                    monkeypatch) -> None:
-    """Session 13's variants that add in another order, so give other bits:
-    ``K3_DECODE_MLA_TILE32=1`` (32-token fp8 tiles at <= 4 tokens: other splits, other partial
-    sums) and ``K3_DECODE_QKV_KSPLIT`` (the q_a|kv_a|gate GEMV's rows split over 2 or 4 warps).
-    One step's logits are within 2e-2 (relative Frobenius) of the default executor's, with the
-    same top-1 tokens, and the knob took effect (its compile key). The layers hand bf16 rows on,
-    so one output rounded the other way moves the logits by a few 1e-3 (H200, session 13:
-    4.5e-3 and 4.9e-3 with 32-token tiles at 1 and 4 requests); a wrong kernel by O(1)."""
+    """Session 13's defaults that add in another order than before, so give other bits: 32-token
+    fp8 tiles at 1-2 tokens (``K3_DECODE_MLA_TILE32``: other splits, other partial sums) and the
+    q_a|kv_a|gate GEMV's rows over 2 warps (``K3_DECODE_QKV_KSPLIT=2``), each against the
+    executor with it turned back (and with 4 warps per row, opt-in). One step's logits are
+    within 2e-2 (relative Frobenius) of the default executor's, with the same top-1 tokens, and
+    the knob took effect (the default's compile key ``key`` is looked up by the default
+    executor only). The layers hand bf16 rows on, so one output rounded the other way moves
+    the logits by a few 1e-3 (H200, session 13: 4.5e-3 and 4.9e-3 with 32-token tiles at 1 and
+    4 requests); a wrong kernel by O(1)."""
     monkeypatch.delenv(knob, raising=False)
     _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
     monkeypatch.setenv(knob, value)
@@ -301,10 +306,14 @@ def test_reordering_variants_agree(knob: str, value: str, compiler: str, key: st
                 dtype="float32", max_abs_err=float((a - b).abs().max()), max_rel_err=rel,
                 atol=0.0, rtol=2e-2, passed=ok)
     assert ok, rel
-    keys: list = []
-    with _compile_keys(monkeypatch, keys):
+    keys_spec: list = []
+    keys_other: list = []
+    with _compile_keys(monkeypatch, keys_spec):
+        M.layer_kernels(spec, 3, inp)
+    with _compile_keys(monkeypatch, keys_other):
         M.layer_kernels(other, 3, inp)
-    assert any(k[0] == compiler and key in k[1] for k in keys), keys
+    assert any(k[0] == compiler and key in k[1] for k in keys_spec), keys_spec
+    assert not any(k[0] == compiler and key in k[1] for k in keys_other), keys_other
 
 
 def test_kda_moe_layer_kernel_count() -> None:
@@ -561,7 +570,7 @@ def _opt_in(*args):
     _opt_in("K3_DECODE_OPROJ_PREFETCH_MB", "16", 1),
     _opt_in("K3_DECODE_OPROJ_PREFETCH_MB", "16", 2), _opt_in("K3_DECODE_SHARED_W13", "1", 1),
     _opt_in("K3_DECODE_SHARED_W13", "1", 2), _opt_in("K3_DECODE_QBA_OPROJ_PREFETCH_MB", "16", 1),
-    _opt_in("K3_DECODE_QBA_OPROJ_PREFETCH_MB", "22", 2), _opt_in("K3_DECODE_GEMV_WARPS", "4", 1),
+    _opt_in("K3_DECODE_QBA_OPROJ_PREFETCH_MB", "22", 2), ("K3_DECODE_GEMV_WARPS", "8", 1),
     _opt_in("K3_DECODE_GEMV_WARPS", "2", 2)])
 def test_session10_variants_give_the_same_step(knob: str, value: str, reqs: int,
                                                monkeypatch) -> None:

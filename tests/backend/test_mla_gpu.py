@@ -431,17 +431,16 @@ def test_mla_decode_four_tokens_per_combine_cta(name, seq_lens, q, cache):
     assert torch.equal(outs[4], outs[8]), "4-token CTAs changed bits"
 
 
-@pytest.mark.variant
 @pytest.mark.parametrize("cache", ["fp8", "bf16"])
 @pytest.mark.parametrize("name,seq_lens,q", [
     ("b1_ctx1000", [1000], 1), ("b1_ctx33", [33], 1), ("b2_mixed", [5, 4096], 1),
     ("q2_r2", [64, 700], 2)])
 def test_mla_decode_fp8_tile32(name, seq_lens, q, cache):
-    """``Tiling(fp8_tile=32)`` (``K3_DECODE_MLA_TILE32``): 32-token fp8 cache tiles and split
-    chunks of 32-token multiples (twice the splits at short contexts; a bf16 cache keeps its
-    32-token tiles, only its chunks change) against float64, 4-token combine CTAs as the
-    executor builds them at <= 4 tokens, outputs poisoned; the dependent-launch build of the
-    attention (``pdl_attend``) gives the same bits."""
+    """``Tiling(fp8_tile=32)`` (``K3_DECODE_MLA_TILE32``, the executor's default at 1-2 tokens):
+    32-token fp8 cache tiles and split chunks of 32-token multiples (twice the splits at short
+    contexts; a bf16 cache keeps its 32-token tiles, only its chunks change) against float64,
+    4-token combine CTAs as the executor builds them, outputs poisoned; the dependent-launch
+    build of the attention (``pdl_attend``) gives the same bits."""
     from backend.k3_decode.ops.mla import mla_decode
     from backend.k3_decode.ops.mla.compile import Tiling
 

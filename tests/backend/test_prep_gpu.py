@@ -466,15 +466,18 @@ def test_mla_qb_absorb_is_mla_qb_then_absorb_bit_for_bit(
         assert torch.equal(_codes(dec_a), _codes(dec_b)), "MLA decode outputs differ"
 
 
-@pytest.mark.variant
+@pytest.mark.parametrize("qba_pdl", [False, pytest.param(True, marks=pytest.mark.variant)])
 @pytest.mark.parametrize("r,q,bs,dtype,kv_scale", [
     (1, 1, 16, F8, 0.05), (1, 2, 64, F8, 1.0), (2, 1, 64, BF, 1.0), (1, 1, 256, F8, 0.5)])
 def test_mla_chain_as_dependent_launches_is_bit_equal(r: int, q: int, bs: int,
-                                                      dtype: torch.dtype, kv_scale: float) -> None:
-    """`mla_qb_absorb(pdl=True)` (``K3_DECODE_PDL_QBA``) right after our SIMT GEMV, which writes
-    q_c | kv_c | k_pe and signals `launch_dependents` at its start (so the q_b launch really may
-    start early), then `mla_decode(pdl_attend=True)` (``K3_DECODE_PDL_ATTEND``) right after it
-    (it writes q_lat and this step's cache rows and signals at its start). Before each run the
+                                                      dtype: torch.dtype, kv_scale: float,
+                                                      qba_pdl: bool) -> None:
+    """`mla_qb_absorb` right after our SIMT GEMV, which writes q_c | kv_c | k_pe and signals
+    `launch_dependents` at its start (with `qba_pdl`, ``K3_DECODE_PDL_QBA``, opt-in, the q_b
+    launch is a dependent one and really may start early), then `mla_decode(pdl_attend=True,
+    pdl=True)` (``K3_DECODE_PDL_ATTEND`` / ``_COMBINE``, defaults at 1-2 tokens) with the
+    executor's 32-token fp8 tiles right after it (the q_b launch writes q_lat and this step's
+    cache rows and signals at its start). Before each run the
     GEMV's output, q_lat and this step's cache rows are NaN-poisoned, so a read before a wait
     would show; the dependent run goes first. The q_b output, q_lat, the cache and the MLA
     decode's output are bit-equal to the same chain of ordinary launches, and finite; contexts
@@ -510,15 +513,15 @@ def test_mla_chain_as_dependent_launches_is_bit_equal(r: int, q: int, bs: int,
         poison_(out_b)
         gemv(a, w_proj, proj, variant="simt", pdl=False)
         mla_qb_absorb(qc, **qp, **kv, w_uk_t=md["w_uk_t"], softmax_scale=sm, q_per_request=q,
-                      out=out_b, q_lat=q_lat, pdl=pdl)
+                      out=out_b, q_lat=q_lat, pdl=pdl and qba_pdl)
         v = out_b.view(t, heads, 192)
         o = mla_decode(v[..., :128], v[..., 128:], md["gate"], kv["kv_cache"],
                        kv["block_table"], seq, md["w_uk_t"], md["w_uv"], q_per_request=q,
                        kv_scale=kv["kv_scale"], softmax_scale=sm, q_lat=q_lat,
-                       tiling=Tiling(tokens_per_cta=4), pdl_attend=pdl)
+                       tiling=Tiling(tokens_per_cta=4, fp8_tile=32), pdl_attend=pdl, pdl=pdl)
         torch.cuda.synchronize()
         res.append([out_b.clone(), q_lat.clone(), kv["kv_cache"].clone(), o.clone()])
-    case = f"mla_chain_pdl/t{t}/q{q}/bs{bs}/{str(dtype).split('.')[-1]}"
+    case = f"mla_chain_pdl/t{t}/q{q}/bs{bs}/{str(dtype).split('.')[-1]}/qba{int(qba_pdl)}"
     bits = [x.view(torch.int32) if x.dtype == torch.float32 else _codes(x) for x in res[0]]
     same = all(torch.equal(x, y.view(torch.int32) if y.dtype == torch.float32 else _codes(y))
                for x, y in zip(bits, res[1], strict=True))

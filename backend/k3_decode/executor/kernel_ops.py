@@ -140,8 +140,11 @@ class KernelOps:
             else None
         self._mla_fused = None if envs.K3_DECODE_MLA_FUSED == "1" else False  # None: if it fits
         self._mla_tiling = DEFAULT_TILING
-        self._mla_small = Tiling(tokens_per_cta=4 if envs.K3_DECODE_MLA_SMALL_TPC else 8,
-                                 fp8_tile=32 if envs.K3_DECODE_MLA_TILE32 else 64)
+        self._mla_small = Tiling(tokens_per_cta=4) if envs.K3_DECODE_MLA_SMALL_TPC \
+            else DEFAULT_TILING
+        # 1-2 tokens (session 13): 32-token fp8 tiles
+        self._mla_tiny = (Tiling(tokens_per_cta=self._mla_small.tokens_per_cta, fp8_tile=32)
+                          if envs.K3_DECODE_MLA_TILE32 else self._mla_small)
         self.max_context = max_context
         if side_stream is None:
             side_stream = envs.K3_DECODE_SIDE_STREAM
@@ -151,7 +154,7 @@ class KernelOps:
         self._route = functools.partial(route, rolled=envs.K3_DECODE_ROUTER_ROLLED,
                                         prefetch=self._prefetch)
         self._pdl_attnres = self._pdl and envs.K3_DECODE_PDL_ATTNRES
-        # the MLA chain's dependent launches (session 13 candidates)
+        # the MLA chain's dependent launches at 1-2 tokens (session 13; QBA opt-in)
         self._pdl_qba = self._pdl and envs.K3_DECODE_PDL_QBA
         self._pdl_attend = self._pdl and envs.K3_DECODE_PDL_ATTEND
         self._pdl_combine = self._pdl and envs.K3_DECODE_PDL_COMBINE
@@ -247,13 +250,15 @@ class KernelOps:
             qb = self._gemv(qn, w.q_b)
         qb = qb.view(t, nh, nope + rope)  # per head [nope | rope]
         q_nope, q_pe = qb[..., :nope], qb[..., nope:]
-        tiling = self._mla_small if t <= 4 else self._mla_tiling
+        tiny = t <= 2  # where session 13's defaults were measured (NOTES.md)
+        tiling = self._mla_tiny if tiny else self._mla_small if t <= 4 else self._mla_tiling
         o = self._mla(q_nope, q_pe, gate, cache.kv_cache, inp.block_table, inp.seq_lens,
                       w.w_uk_t, w.w_uv, q_per_request=inp.q, kv_scale=cache.kv_scale,
                       softmax_scale=m.softmax_scale, max_context=self.max_context,
                       check_lengths=False, counter=self.counters(h.device)[2],
-                      fused=self._mla_fused, q_lat=q_lat, tiling=tiling, pdl=self._pdl_combine,
-                      pdl_attend=self._pdl_attend and tiling.variant == "mma",
+                      fused=self._mla_fused, q_lat=q_lat, tiling=tiling,
+                      pdl=self._pdl_combine and tiny,
+                      pdl_attend=self._pdl_attend and tiny and tiling.variant == "mma",
                       upcoming=w.o_proj, upcoming_bytes=self._oproj_prefetch_bytes)
         return self._gemv(o, w.o_proj, out)
 

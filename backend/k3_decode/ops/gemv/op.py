@@ -182,11 +182,13 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
         need(isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() == 2
              and w.dim() == 2, GemvInputError, OP, "x must be [T, K] and w [N, K]")
         out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=x.device)
-    t, n, k = check_inputs(x, w, out, variant, splits)
-    need(ksplit in KSPLITS and k % (256 * ksplit) == 0, GemvInputError, OP,
-         f"ksplit={ksplit!r} must be one of {KSPLITS} with K={k} a multiple of 256 * ksplit")
+    need(ksplit in KSPLITS, GemvInputError, OP, f"ksplit={ksplit!r} must be one of {KSPLITS}")
     need(warps in CTA_WARPS and warps % ksplit == 0, GemvInputError, OP,
          f"warps={warps!r} must be one of {CTA_WARPS} and a multiple of ksplit={ksplit}")
+    kx = x.shape[-1] if isinstance(x, torch.Tensor) and x.dim() == 2 else 0
+    need(ksplit == 1 or kx % (256 * ksplit) == 0, GemvInputError, OP,
+         f"ksplit={ksplit} needs K (here {kx}) to be a multiple of {256 * ksplit}")
+    t, n, k = check_inputs(x, w, out, variant, splits)
     out_f32 = out.dtype == torch.float32
     var = pick_variant(variant, t, n, k)
     tt = pick_token_tile(t, var)
