@@ -4,6 +4,8 @@
 #   bash backend/device/validate.sh [PROFILE]   (default: k3-hopper; about 9 minutes: session
 #   11's run was cut at 525 s with 11 of 12 perf points done, the kernel tier took 398 s;
 #   session 12's kernel tier took 496 s, so plan the resume call below)
+#   K3FT_VALIDATE_TIMEOUT (s, default 525): where the validate is cut (the call's 600 s hold the
+#   kit's setup, ~15 s, and the packing too); session 13 used 565 for a ~530 s kernel tier.
 #   K3FT_RESUME=run.tar.gz bash backend/device/validate.sh: unpack a carried run.tar.gz from an
 #   earlier call and continue it (`k3ft validate --resume`: finished cells are kept).
 # Back on the CPU machine: `k3ft sign <run folder>`, then commit the bundle under bundles/
@@ -18,7 +20,7 @@ if [ -n "${K3FT_RESUME:-}" ]; then
   mkdir -p /tmp/k3run && tar xf "$K3FT_RESUME" -C /tmp/k3run || exit 1
   resume=(--resume)
 fi
-timeout 525 python3 -m k3fasttrack validate --profile "${1:-k3-hopper}" --tp 1 --no-sign \
+timeout "${K3FT_VALIDATE_TIMEOUT:-525}" python3 -m k3fasttrack validate --profile "${1:-k3-hopper}" --tp 1 --no-sign \
   ${resume[@]+"${resume[@]}"} --out /tmp/k3run/run --json > "$out/validate.json" 2> "$out/validate.log"
 echo "validate rc=$?"
 tar czf "$out/run.tar.gz" -C /tmp/k3run run

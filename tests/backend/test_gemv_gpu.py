@@ -217,7 +217,8 @@ def test_gemv_row_prefetch_changes_no_bit(n: int, k: int, t: int) -> None:
 
 
 @pytest.mark.parametrize("n,k,t", [(3648, 7168, 1), (3647, 7168, 2), (7168, 1536, 1),
-                                   (7, 7168, 1), (6288, 7168, 2)])
+                                   pytest.param(7, 7168, 1, marks=pytest.mark.variant),
+                                   pytest.param(6288, 7168, 2, marks=pytest.mark.variant)])
 def test_gemv_cta_warps_and_ksplit(n: int, k: int, t: int) -> None:
     """The SIMT kernel with CTAs of 4 (``K3_DECODE_GEMV_WARPS``, default since session 13) or 2
     warps gives the bits of the 8-warp CTAs (one warp per row either way; row counts that leave a CTA's last warps idle);
