@@ -106,10 +106,11 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # weight and W_UK_T slice are loaded before the wait). Off: no faster on the H200 (session
     # 13: its launch took 5.0 -> 5.7 us, the MLA + MoE span in the step +1.2 / +1.6 us).
     "K3_DECODE_PDL_QBA": lambda: os.environ.get("K3_DECODE_PDL_QBA", "0") == "1",
-    # The MLA decode at 1-2 tokens (session 13 defaults; "0" turns each off; interleaved A/B on
-    # the H200, NOTES.md session 13: the three together took the MLA + MoE layer's span in the
-    # whole step from 103.9 / 102.9 to 100.3 / 99.2 us at batch 1 in two calls, whole step
-    # -0.6% both times; at batch 8 the two dependent launches cost +1%, so 1-2 tokens only):
+    # The MLA decode at 1-2 tokens and a max_context of at most 2048 (session 13 defaults; "0"
+    # turns each off; interleaved A/B on the H200, NOTES.md session 13: the three together took
+    # the MLA + MoE layer's span in the whole step from 103.9 / 102.9 to 100.3 / 99.2 us at
+    # batch 1, 1k, in two calls, whole step -0.6% both times; the two dependent launches cost
+    # +1% at batch 8 and +3.6% at batch 1, 32k: hence 1-2 tokens and short contexts only):
     # - PDL_ATTEND (with K3_DECODE_PDL on): the tensor-core attention kernel is a dependent
     #   launch (the first tile's cache rows of earlier steps go out before the wait; it signals
     #   its dependents only after the wait);

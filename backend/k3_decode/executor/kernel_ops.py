@@ -101,6 +101,9 @@ def first_read(upcoming: object) -> torch.Tensor | None:
     return upcoming if isinstance(upcoming, torch.Tensor) else None
 
 
+TINY_MAX_CONTEXT = 2048  # the MLA decode's 1-2-token settings up to this max_context
+
+
 class KernelOps:
     """CuTe DSL implementation of every executor op (see the module docstring)."""
 
@@ -250,7 +253,12 @@ class KernelOps:
             qb = self._gemv(qn, w.q_b)
         qb = qb.view(t, nh, nope + rope)  # per head [nope | rope]
         q_nope, q_pe = qb[..., :nope], qb[..., nope:]
-        tiny = t <= 2  # where session 13's defaults were measured (NOTES.md)
+        # 1-2 tokens with a context of at most TINY_MAX_CONTEXT: session 13's dependent
+        # attention / combine and 32-token fp8 tiles (where they were measured, NOTES.md: at 32k
+        # the dependent launches cost 3.6%), unless the opt-in one-launch MLA decode
+        # (K3_DECODE_MLA_FUSED=1, absorb apart) is asked for: it takes neither
+        tiny = (t <= 2 and self.max_context is not None and self.max_context <= TINY_MAX_CONTEXT
+                and not (self._mla_fused is None and q_lat is None))
         tiling = self._mla_tiny if tiny else self._mla_small if t <= 4 else self._mla_tiling
         o = self._mla(q_nope, q_pe, gate, cache.kv_cache, inp.block_table, inp.seq_lens,
                       w.w_uk_t, w.w_uv, q_per_request=inp.q, kv_scale=cache.kv_scale,
