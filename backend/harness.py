@@ -43,8 +43,11 @@ _MODELS: dict[tuple, Any] = {}
 
 
 def settings() -> dict[str, int]:
-    """The harness knobs in effect (they go into the configuration digest)."""
-    return {
+    """The harness knobs in effect (they go into the configuration digest; the session-13 MLA
+    switches are recorded as set, the executor applies them at 1-2 tokens and a max_context of
+    at most 2048). A bad value, or a GEMV split that does not divide the CTA's warps, is a
+    usage error."""
+    s = {
         "depth": int(os.environ.get("K3FT_HARNESS_DEPTH", "5")),
         "experts": int(os.environ.get("K3FT_HARNESS_EXPERTS", "896")),
         "side_stream": int(os.environ.get("K3FT_HARNESS_SIDE_STREAM", "1")),
@@ -66,6 +69,10 @@ def settings() -> dict[str, int]:
         "qkv_ksplit": _knob("K3_DECODE_QKV_KSPLIT"),
         "gemv_warps": _knob("K3_DECODE_GEMV_WARPS"),
     }
+    if s["gemv_warps"] % s["qkv_ksplit"]:
+        raise UsageError(f"K3_DECODE_QKV_KSPLIT={s['qkv_ksplit']} needs K3_DECODE_GEMV_WARPS to "
+                         f"be a multiple of it (got {s['gemv_warps']})")
+    return s
 
 
 def _knob(name: str) -> int:

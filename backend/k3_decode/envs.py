@@ -98,13 +98,15 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # "1" (with K3_DECODE_PDL on): the AttnRes launches are dependent launches too (weights and
     # saved blocks before the wait, prefix and delta after it). Off: timed on the H200 after the
     # session-12 bundle (whole step -1.3% at batch 1, -1.1% at 8), not validated with it yet.
-    # Safe while the attention kernels between a layer's two AttnRes are ordinary launches
-    # (ops/attn_res/kernel.py: the saved blocks are read before the wait).
+    # Safe while between a layer's two AttnRes one launch is ordinary or signals its dependents
+    # only after its own wait (the KDA kernel; in the MLA layer the q_b launch, or the attention
+    # kernel as a dependent launch: ops/attn_res/kernel.py, the saved blocks are read early).
     "K3_DECODE_PDL_ATTNRES": lambda: os.environ.get("K3_DECODE_PDL_ATTNRES", "0") == "1",
     # "1" (with K3_DECODE_PDL on, 1-2 tokens): the q_b + absorb + cache-insert launch
     # (`mla_qb_absorb`) is a dependent launch of the q_a|kv_a|gate GEMV (its q_b rows, norm
-    # weight and W_UK_T slice are loaded before the wait). Off: no faster on the H200 (session
-    # 13: its launch took 5.0 -> 5.7 us, the MLA + MoE span in the step +1.2 / +1.6 us).
+    # weight and W_UK_T slice are loaded before the wait). Off: not faster on the H200 (session
+    # 13: its launch took 5.0 -> 5.7 us; the MLA + MoE span in the step -1.2 / -0.3 us in call
+    # 1 and +1.7 / +1.0 us in call 3 against the same sides without it).
     "K3_DECODE_PDL_QBA": lambda: os.environ.get("K3_DECODE_PDL_QBA", "0") == "1",
     # The MLA decode at 1-2 tokens and a max_context of at most 2048 (session 13 defaults; "0"
     # turns each off; interleaved A/B on the H200, NOTES.md session 13: the three together took
@@ -124,13 +126,17 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     "K3_DECODE_MLA_TILE32": lambda: os.environ.get("K3_DECODE_MLA_TILE32", "1") != "0",
     # "2" (default since session 13) or "4": at 1-2 tokens the MLA layer's q_a|kv_a|gate GEMV
     # (3648 rows of K = 7168) runs 2 or 4 warps per row, each over a K / n slice (more bytes in
-    # flight; as a dependent launch its first group is half the row instead of a quarter);
-    # partials added in warp order (other bits). "1": one warp per row.
+    # flight; as a dependent launch with 2 its first load group is half the row instead of a
+    # quarter); partials added in warp order (other bits). "1": one warp per row. Must divide
+    # K3_DECODE_GEMV_WARPS (KernelOps refuses the pair otherwise).
     "K3_DECODE_QKV_KSPLIT": lambda: _choice("K3_DECODE_QKV_KSPLIT", "2", ("1", "2", "4")),
     # "4" (default since session 13) or "2": the SIMT GEMVs run CTAs of that many warps ("8":
     # as before; one row per warp either way, same bits): e.g. the q_a|kv_a|gate GEMV's 456
-    # CTAs of 8 warps put 4 on 60 SMs and 3 on 72. With the split GEMV above: the MLA + MoE
-    # span at batch 1 98.7 us against 99.2 without both (session 13, one call).
+    # CTAs of 8 warps put 4 on 60 SMs and 3 on 72. Evidence, weak (one call, session 13 call
+    # 5): with the split GEMV above, the MLA + MoE span in the step at batch 2 125.95 against
+    # 127.85 us without both (medians of 6; the ranges barely overlap), at batch 1 98.7 against
+    # 99.3 (ranges overlap); each alone no better; the q_a|kv_a|gate kernel's eager time did
+    # not change (13.7 -> 13.8 us).
     "K3_DECODE_GEMV_WARPS": lambda: _choice("K3_DECODE_GEMV_WARPS", "4", ("2", "4", "8")),
     # Where the latent MoE's RMSNorm runs at 1-2 tokens: "gemv" (default) inside the tail
     # projection (`gemv_normed`: the w2 kernel writes un-normalised bf16 rows + partial sums of

@@ -53,7 +53,7 @@ def test_pdl_build_compiles_without_spills(arch, variant):
 @pytest.mark.parametrize("fp8_tile", [64, 32])
 def test_pdl_attend_build_compiles_without_spills(arch, cache, fp8_tile):
     """``pdl_attend`` (``K3_DECODE_PDL_ATTEND``): the tensor-core attention as a dependent launch,
-    as the executor builds it at 1-4 tokens (q_lat from the q_b launch, 4-token combine CTAs;
+    as the executor builds it at 1-2 tokens (q_lat from the q_b launch, 4-token combine CTAs;
     with 64- and 32-token fp8 tiles, ``K3_DECODE_MLA_TILE32``); it is refused with the SIMT
     attention and with the one-launch build (which takes no 32-token fp8 tiles either)."""
     til = Tiling(tokens_per_cta=4, fp8_tile=fp8_tile)

@@ -295,7 +295,7 @@ def test_reordering_variants_agree(knob: str, value: str, compiler: str, key: st
     within 2e-2 (relative Frobenius) of the default executor's, with the same top-1 tokens, and
     the knob took effect (the default's compile key ``key`` is looked up by the default
     executor only). The layers hand bf16 rows on, so one output rounded the other way moves
-    the logits by a few 1e-3 (H200, session 13: 4.5e-3 and 4.9e-3 with 32-token tiles at 1 and
+    the logits by a few 1e-3 (H200, session 13: 4.9e-3 and 4.5e-3 with 32-token tiles at 1 and
     4 requests); a wrong kernel by O(1)."""
     monkeypatch.delenv(knob, raising=False)
     _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)

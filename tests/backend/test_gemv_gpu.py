@@ -224,7 +224,9 @@ def test_gemv_cta_warps_and_ksplit(n: int, k: int, t: int) -> None:
     warps gives the bits of the 8-warp CTAs (one warp per row either way; row counts that leave a CTA's last warps idle);
     2 or 4 warps per row (``ksplit``, ``K3_DECODE_QKV_KSPLIT``: partials added in warp order,
     another rounding) against float64, also as a dependent launch right after a kernel that
-    signals early (a SIMT GEMV writing x, NaN-poisoned first). Outputs poisoned."""
+    signals early (a SIMT GEMV writing x, NaN-poisoned first; that GEMV is short and may finish
+    before the dependent one starts, so this checks bits, not the overlap: the executor's graph
+    replays exercise that). Outputs poisoned."""
     from backend.k3_decode.ops.gemv import gemv
 
     _, w = _inputs(n, k, t, seed=7 * n + t)

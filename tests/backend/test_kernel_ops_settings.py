@@ -22,7 +22,8 @@ BF = torch.bfloat16
 
 def _call(t: int, max_context: int | None, monkeypatch, **env: str) -> dict:
     for name in ("K3_DECODE_PDL_ATTEND", "K3_DECODE_PDL_COMBINE", "K3_DECODE_MLA_TILE32",
-                 "K3_DECODE_MLA_FUSED", "K3_DECODE_MLA_QBA", "K3_DECODE_PDL"):
+                 "K3_DECODE_MLA_FUSED", "K3_DECODE_MLA_QBA", "K3_DECODE_PDL",
+                 "K3_DECODE_QKV_KSPLIT", "K3_DECODE_GEMV_WARPS", "K3_DECODE_MLA_SMALL_TPC"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -78,13 +79,34 @@ def test_short_one_or_two_token_steps_get_the_session13_settings(t, ctx, tiny,
     assert ksplit[0] == (2 if t <= 2 else 1)  # the q_a|kv_a|gate GEMV (session 13, 1-2 tokens)
 
 
-@pytest.mark.parametrize("env,tiny", [
+@pytest.mark.parametrize("env,want", [
     ({"K3_DECODE_PDL": "0"}, "tile"),  # ordinary launches: the tiles stay, no dependent ones
-    ({"K3_DECODE_PDL_ATTEND": "0", "K3_DECODE_PDL_COMBINE": "0"}, "tile"),
-    ({"K3_DECODE_MLA_TILE32": "0"}, "pdl"),
+    ({"K3_DECODE_PDL_ATTEND": "0"}, "tile+combine"),
+    ({"K3_DECODE_PDL_COMBINE": "0"}, "tile+attend"),
+    ({"K3_DECODE_MLA_TILE32": "0"}, "attend+combine"),
     ({"K3_DECODE_MLA_FUSED": "1", "K3_DECODE_MLA_QBA": "0"}, ""),  # the one-launch opt-in
-    ({"K3_DECODE_MLA_FUSED": "1"}, "tile+pdl")])  # absorb in the q_b launch: never fused
-def test_switches_and_the_fused_opt_in(env, tiny, monkeypatch) -> None:
+    ({"K3_DECODE_MLA_FUSED": "1"}, "tile+attend+combine")])  # absorb in the q_b launch
+def test_switches_and_the_fused_opt_in(env, want, monkeypatch) -> None:
     kw = _call(1, 1024, monkeypatch, **env)["mla"]
-    assert (kw["pdl"] and kw["pdl_attend"]) is ("pdl" in tiny)
-    assert kw["tiling"].fp8_tile == (32 if "tile" in tiny else 64)
+    assert kw["pdl"] is ("combine" in want) and kw["pdl_attend"] is ("attend" in want)
+    assert kw["tiling"].fp8_tile == (32 if "tile" in want else 64)
+
+
+@pytest.mark.parametrize("ksplit,warps", [("4", "2"), ("2", "2"), ("4", "8")])
+def test_gemv_split_must_divide_the_cta(ksplit, warps, monkeypatch) -> None:
+    """A split of the q_a|kv_a|gate GEMV that does not divide the SIMT CTA's warps is refused
+    when the ops are made (not mid-step); the harness's configuration says so as a usage
+    error."""
+    from backend.harness import settings
+    from k3fasttrack.errors import UsageError
+
+    monkeypatch.setenv("K3_DECODE_QKV_KSPLIT", ksplit)
+    monkeypatch.setenv("K3_DECODE_GEMV_WARPS", warps)
+    if int(warps) % int(ksplit):
+        with pytest.raises(ValueError, match="K3_DECODE_QKV_KSPLIT=4 needs K3_DECODE_GEMV_WARPS"):
+            KernelOps(k3_config(8), max_context=1024)
+        with pytest.raises(UsageError, match="K3_DECODE_QKV_KSPLIT=4 needs"):
+            settings()
+    else:
+        assert KernelOps(k3_config(8), max_context=1024)._qkv_ksplit == int(ksplit)
+        assert settings()["qkv_ksplit"] == int(ksplit)

@@ -127,7 +127,7 @@ class KernelOps:
         self._pdl = bool(envs.K3_DECODE_PDL if pdl is None else pdl)
         self._prefetch = envs.K3_DECODE_GEMV_PREFETCH
         self._gemv = functools.partial(gemv, pdl=self._pdl, prefetch=self._prefetch,
-                                       warps=envs.K3_DECODE_GEMV_WARPS)
+                                       warps=envs.K3_DECODE_GEMV_WARPS)  # checked below
         self._gemv_normed = gemv_normed
         norm_at = envs.K3_DECODE_MOE_NORM
         if norm_at not in ("gemv", "w2"):
@@ -169,6 +169,10 @@ class KernelOps:
         self._oproj_prefetch_bytes = int(envs.K3_DECODE_OPROJ_PREFETCH_MB * (1 << 20))
         self._qba_prefetch_bytes = int(envs.K3_DECODE_QBA_OPROJ_PREFETCH_MB * (1 << 20))
         self._qkv_ksplit = envs.K3_DECODE_QKV_KSPLIT
+        warps = envs.K3_DECODE_GEMV_WARPS
+        if warps % self._qkv_ksplit:
+            raise ValueError(f"K3_DECODE_QKV_KSPLIT={self._qkv_ksplit} needs "
+                             f"K3_DECODE_GEMV_WARPS to be a multiple of it (got {warps})")
         self.skip_experts = False
         """Benchmark aid: skip the routed experts (the latent goes straight to the norm)."""
         self._counters: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}

@@ -89,9 +89,13 @@ def attn_res_kernel(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
     last source. Same order of operations, same bits. A block-write launch (it stores the
     updated prefix into a saved block) waits at its top instead. INVARIANT the caller keeps:
     between a block-writing AttnRes and any later AttnRes launched with ``pdl`` there is at
-    least one ordinary (non-dependent) launch, so the block is complete before it is read
-    without a wait (the executor: the KDA kernel, `mla_qba` / MLA prep and the dense layer's
-    prep are ordinary; making those dependent launches needs this revisited).
+    least one launch that is ordinary (non-dependent) or that signals its dependents only after
+    its own `griddepcontrol.wait` (no launch after it can start before the one before it has
+    finished), so the block is complete before it is read without a wait (the executor: the
+    KDA kernel and the dense layer's prep are ordinary; in the MLA layer `mla_qba` / MLA prep
+    are ordinary unless ``K3_DECODE_PDL_QBA``, and the attention kernel, when it is a
+    dependent launch, signals only after its wait; a new dependent launch there needs this
+    revisited).
 
     ``prefetch``: threads 0 .. num_blocks-1 first ask L2 for one saved block row each (one bulk
     prefetch of 2H bytes), so the source loads of step 2, which wait behind a CTA reduction
