@@ -53,19 +53,19 @@ def settings() -> dict[str, int]:
         "side_stream": int(os.environ.get("K3FT_HARNESS_SIDE_STREAM", "1")),
         "seed": int(os.environ.get("K3FT_HARNESS_SEED", "0")),
         "shard_tp": int(os.environ.get("K3FT_HARNESS_SHARD_TP", "8")),
-        "prep_kernel": int(os.environ.get("K3_DECODE_PREP", "kernel") != "torch"),
-        "kda_cluster": int(os.environ.get("K3_DECODE_KDA_CLUSTER", "1") != "0"),
-        "router_front": int(os.environ.get("K3_DECODE_ROUTER_FRONT", "1") != "0"),
-        "pdl": int(os.environ.get("K3_DECODE_PDL", "1") != "0"),
+        "prep_kernel": int(_knob("K3_DECODE_PREP") != "torch"),
+        "kda_cluster": int(_knob("K3_DECODE_KDA_CLUSTER")),
+        "router_front": int(_knob("K3_DECODE_ROUTER_FRONT")),
+        "pdl": int(_knob("K3_DECODE_PDL")),
         # opt-in variants of session 12 (each changes the candidate's kernels)
-        "pdl_w2": int(os.environ.get("K3_DECODE_PDL_W2", "0") == "1"),
-        "pdl_attnres": int(os.environ.get("K3_DECODE_PDL_ATTNRES", "0") == "1"),
-        "shared_w13": _shared_w13(),
+        "pdl_w2": int(_knob("K3_DECODE_PDL_W2")),
+        "pdl_attnres": int(_knob("K3_DECODE_PDL_ATTNRES")),
+        "shared_w13": _knob("K3_DECODE_SHARED_W13"),
         # session 13: the MLA decode at 1-2 tokens and the SIMT GEMVs' CTAs
-        "pdl_qba": int(os.environ.get("K3_DECODE_PDL_QBA", "0") == "1"),
-        "pdl_attend": int(os.environ.get("K3_DECODE_PDL_ATTEND", "1") != "0"),
-        "pdl_combine": int(os.environ.get("K3_DECODE_PDL_COMBINE", "1") != "0"),
-        "mla_tile32": int(os.environ.get("K3_DECODE_MLA_TILE32", "1") != "0"),
+        "pdl_qba": int(_knob("K3_DECODE_PDL_QBA")),
+        "pdl_attend": int(_knob("K3_DECODE_PDL_ATTEND")),
+        "pdl_combine": int(_knob("K3_DECODE_PDL_COMBINE")),
+        "mla_tile32": int(_knob("K3_DECODE_MLA_TILE32")),
         "qkv_ksplit": _knob("K3_DECODE_QKV_KSPLIT"),
         "gemv_warps": _knob("K3_DECODE_GEMV_WARPS"),
     }
@@ -75,20 +75,15 @@ def settings() -> dict[str, int]:
     return s
 
 
-def _knob(name: str) -> int:
-    """A choice knob of ``backend.k3_decode.envs`` as the backend reads it; a bad value is a
-    usage error."""
+def _knob(name: str) -> Any:
+    """A knob of ``backend.k3_decode.envs`` as the backend reads it (one place for its default
+    and parsing); a bad value is a usage error."""
     from backend.k3_decode import envs
 
     try:
         return getattr(envs, name)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-
-
-def _shared_w13() -> int:
-    """``K3_DECODE_SHARED_W13`` as the backend reads it; a bad value is a usage error."""
-    return _knob("K3_DECODE_SHARED_W13")
 
 
 def _model(tp: int, s: dict[str, int]) -> Any:

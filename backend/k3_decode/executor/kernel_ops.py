@@ -126,8 +126,12 @@ class KernelOps:
             rms_glu_prep, mla_prep = torch_rms_glu_prep, torch_mla_prep
         self._pdl = bool(envs.K3_DECODE_PDL if pdl is None else pdl)
         self._prefetch = envs.K3_DECODE_GEMV_PREFETCH
+        self._qkv_ksplit, warps = envs.K3_DECODE_QKV_KSPLIT, envs.K3_DECODE_GEMV_WARPS
+        if warps % self._qkv_ksplit:
+            raise ValueError(f"K3_DECODE_QKV_KSPLIT={self._qkv_ksplit} needs "
+                             f"K3_DECODE_GEMV_WARPS to be a multiple of it (got {warps})")
         self._gemv = functools.partial(gemv, pdl=self._pdl, prefetch=self._prefetch,
-                                       warps=envs.K3_DECODE_GEMV_WARPS)  # checked below
+                                       warps=warps)
         self._gemv_normed = gemv_normed
         norm_at = envs.K3_DECODE_MOE_NORM
         if norm_at not in ("gemv", "w2"):
@@ -168,11 +172,6 @@ class KernelOps:
         self._tail_prefetch_bytes = int(envs.K3_DECODE_TAIL_PREFETCH_MB * (1 << 20))
         self._oproj_prefetch_bytes = int(envs.K3_DECODE_OPROJ_PREFETCH_MB * (1 << 20))
         self._qba_prefetch_bytes = int(envs.K3_DECODE_QBA_OPROJ_PREFETCH_MB * (1 << 20))
-        self._qkv_ksplit = envs.K3_DECODE_QKV_KSPLIT
-        warps = envs.K3_DECODE_GEMV_WARPS
-        if warps % self._qkv_ksplit:
-            raise ValueError(f"K3_DECODE_QKV_KSPLIT={self._qkv_ksplit} needs "
-                             f"K3_DECODE_GEMV_WARPS to be a multiple of it (got {warps})")
         self.skip_experts = False
         """Benchmark aid: skip the routed experts (the latent goes straight to the norm)."""
         self._counters: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
@@ -270,7 +269,7 @@ class KernelOps:
                       check_lengths=False, counter=self.counters(h.device)[2],
                       fused=self._mla_fused, q_lat=q_lat, tiling=tiling,
                       pdl=self._pdl_combine and tiny,
-                      pdl_attend=self._pdl_attend and tiny and tiling.variant == "mma",
+                      pdl_attend=self._pdl_attend and tiny,  # the executor's tilings are mma
                       upcoming=w.o_proj, upcoming_bytes=self._oproj_prefetch_bytes)
         return self._gemv(o, w.o_proj, out)
 
