@@ -402,6 +402,22 @@ def test_mla_decode_takes_a_precomputed_q_lat_and_skips_absorb():
         mla_decode(**kw, kv_scale=ks, fused=True, counter=counter, q_lat=q_lat)
 
 
+def _decodes(inp: dict, q: int, max_context: int, *variants: dict) -> list[torch.Tensor]:
+    """`mla_decode` of `inp` once per variant (its extra keyword arguments), each into a fresh
+    NaN-poisoned output, in order; synchronised."""
+    from backend.k3_decode.ops.mla import mla_decode
+
+    kw = {k: inp[k] for k in ("q_nope", "q_pe", "gate", "kv_cache", "block_table", "seq_lens",
+                              "w_uk_t", "w_uv")}
+    outs = []
+    for extra in variants:
+        outs.append(poison_(torch.empty_like(inp["gate"])))
+        mla_decode(**kw, q_per_request=q, kv_scale=inp["kv_scale"], out=outs[-1],
+                   max_context=max_context, **extra)
+    torch.cuda.synchronize()
+    return outs
+
+
 @pytest.mark.parametrize("cache", ["fp8", "bf16"])
 @pytest.mark.parametrize("name,seq_lens,q", [
     ("b1_ctx1000", [1000], 1), ("b2_mixed", [5, 4096], 1), ("b3_short", [1, 2, 3], 1),
@@ -411,19 +427,12 @@ def test_mla_decode_four_tokens_per_combine_cta(name, seq_lens, q, cache):
     at <= 4 tokens, default since session 11; ``K3_DECODE_MLA_SMALL_TPC=0`` turns it off)
     against float64, and bit-equal to the 8-token CTAs (the same per-token sums in the same order; only the grouping of
     tokens into CTAs changes); poisoned outputs, 9 tokens give a partly filled last group."""
-    from backend.k3_decode.ops.mla import mla_decode
     from backend.k3_decode.ops.mla.compile import Tiling
 
     heads = 12
     inp = make_inputs(heads, seq_lens, q, cache, 64, seed=zlib.crc32(name.encode()))
-    kw = {k: inp[k] for k in ("q_nope", "q_pe", "gate", "kv_cache", "block_table", "seq_lens",
-                              "w_uk_t", "w_uv")}
-    outs = {}
-    for tpc in (8, 4):
-        outs[tpc] = poison_(torch.empty_like(inp["gate"]))
-        mla_decode(**kw, q_per_request=q, kv_scale=inp["kv_scale"], out=outs[tpc],
-                   max_context=max(seq_lens), tiling=Tiling(tokens_per_cta=tpc))
-    torch.cuda.synchronize()
+    outs = dict(zip((8, 4), _decodes(inp, q, max(seq_lens), *(
+        {"tiling": Tiling(tokens_per_cta=tpc)} for tpc in (8, 4))), strict=True))
     atol, rtol = tolerance(torch.bfloat16)
     ok, msg = check_and_record(OP, f"mma/tpc4/{name}/h{heads}/{cache}", outs[4],
                                reference(inp, q), atol, rtol, REL_FRO[torch.bfloat16])
@@ -441,20 +450,13 @@ def test_mla_decode_fp8_tile32(name, seq_lens, q, cache):
     contexts; a bf16 cache keeps its 32-token tiles, only its chunks change) against float64,
     4-token combine CTAs as the executor builds them, outputs poisoned; the dependent-launch
     build of the attention (``pdl_attend``) gives the same bits."""
-    from backend.k3_decode.ops.mla import mla_decode
     from backend.k3_decode.ops.mla.compile import Tiling
 
     heads = 12
     inp = make_inputs(heads, seq_lens, q, cache, 64, seed=zlib.crc32(f"t32{name}".encode()))
-    kw = {k: inp[k] for k in ("q_nope", "q_pe", "gate", "kv_cache", "block_table", "seq_lens",
-                              "w_uk_t", "w_uv")}
-    outs = []
-    for pdl_attend in (False, True):
-        outs.append(poison_(torch.empty_like(inp["gate"])))
-        mla_decode(**kw, q_per_request=q, kv_scale=inp["kv_scale"], out=outs[-1],
-                   max_context=max(seq_lens), tiling=Tiling(tokens_per_cta=4, fp8_tile=32),
-                   pdl_attend=pdl_attend)
-    torch.cuda.synchronize()
+    tiling = Tiling(tokens_per_cta=4, fp8_tile=32)
+    outs = _decodes(inp, q, max(seq_lens), *({"tiling": tiling, "pdl_attend": pdl}
+                                             for pdl in (False, True)))
     atol, rtol = tolerance(torch.bfloat16)
     ok, msg = check_and_record(OP, f"mma/tile32/{name}/h{heads}/{cache}", outs[0],
                                reference(inp, q), atol, rtol, REL_FRO[torch.bfloat16])
@@ -472,21 +474,13 @@ def test_mla_decode_combine_prefetch_changes_no_bit(seq_lens, q, nbytes):
     executor's build at 1-2 tokens (q_lat from `mla_qb_absorb`, no absorb launch) with the same
     columns is checked bit for bit by `test_session10_variants_give_the_same_step`
     (``K3_DECODE_OPROJ_PREFETCH_MB``) and compiled by `test_compile_mla.py`."""
-    from backend.k3_decode.ops.mla import mla_decode
-
     heads = 12
     inp = make_inputs(heads, seq_lens, q, "fp8", 64, seed=41 + len(seq_lens))
     g = torch.Generator(device="cpu").manual_seed(4)
     o_proj = (torch.randn(7168, heads * 128, generator=g) * 0.02).to(torch.bfloat16).cuda()
     before = o_proj.clone()
-    kw = {k: inp[k] for k in ("q_nope", "q_pe", "gate", "kv_cache", "block_table", "seq_lens",
-                              "w_uk_t", "w_uv")}
-    outs = []
-    for up in (None, o_proj):
-        outs.append(poison_(torch.empty_like(inp["gate"])))
-        mla_decode(**kw, q_per_request=q, kv_scale=inp["kv_scale"], out=outs[-1],
-                   max_context=max(seq_lens), upcoming=up, upcoming_bytes=nbytes)
-    torch.cuda.synchronize()
+    outs = _decodes(inp, q, max(seq_lens), *({"upcoming": up, "upcoming_bytes": nbytes}
+                                             for up in (None, o_proj)))
     atol, rtol = tolerance(torch.bfloat16)
     ok, msg = check_and_record(OP, f"mma/combine_prefetch/r{len(seq_lens)}/q{q}/{nbytes}",
                                outs[1], reference(inp, q), atol, rtol, REL_FRO[torch.bfloat16])
