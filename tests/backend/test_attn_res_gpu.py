@@ -174,3 +174,52 @@ def test_attn_res_as_a_dependent_launch_is_bit_equal(t: int, num_blocks: int,
                                REL_FRO[torch.bfloat16])
     assert ok, msg
     assert all(torch.equal(a, b) for a, b in zip(res[0], res[1], strict=True)), "pdl changed bits"
+
+
+@pytest.mark.variant
+@pytest.mark.parametrize("t,num_blocks,has_delta,write_idx,out_norm,pdl", [
+    (1, 1, True, -1, True, False), (1, 1, True, -1, True, True), (1, 0, True, 0, True, False),
+    (2, 1, False, 1, True, True), (3, 4, True, -1, False, False), (1, 2, True, 2, True, True),
+    (64, 3, True, -1, True, False), (1, 5, True, -1, True, False), (2, 3, True, 1, True, False)])
+def test_attn_res_early_loads_are_bit_equal(t: int, num_blocks: int, has_delta: bool,
+                                            write_idx: int, out_norm: bool, pdl: bool,
+                                            monkeypatch) -> None:
+    """`early=True` (``K3_DECODE_ATTNRES_EARLY``, session 14 candidate): every load issued at
+    once, the sources' sums added after one barrier, the online softmax in the same order:
+    output, updated prefix and written block bit-equal to the plain kernel (also as a
+    dependent launch after a GEMV that writes delta, NaN-poisoned first), and against float64.
+    The early build ran where it applies (at most 4 blocks, the written block not a source:
+    the 5-block and the write-into-a-source cases take the plain kernel)."""
+    from backend.k3_decode.ops.attn_res import attn_res_norm
+    from backend.k3_decode.ops.attn_res import op as ar_op
+    from backend.k3_decode.ops.gemv import gemv
+
+    keys: list = []
+    real = ar_op.compile_attn_res
+    monkeypatch.setattr(ar_op, "compile_attn_res", lambda key: keys.append(key) or real(key))
+    inp = make_inputs(t, 9, seed=1300 + t * 10 + num_blocks)
+    g = torch.Generator(device="cpu").manual_seed(41 + t)
+    a = torch.randn(t, 256, generator=g).to(torch.bfloat16).cuda()
+    wd = (torch.randn(H, 256, generator=g) * 0.1).to(torch.bfloat16).cuda()
+    delta = torch.empty(t, H, dtype=torch.bfloat16, device="cuda")
+    res = []
+    for early in (True, False):
+        prefix, blocks = inp["prefix"].clone(), inp["blocks"].clone()
+        poison_(delta)
+        gemv(a, wd, delta, variant="simt")  # writes delta, signals at its start
+        out = poison_(torch.empty(t, H, dtype=torch.bfloat16, device="cuda"))
+        attn_res_norm(prefix, delta if has_delta else None, blocks, inp["norm_w"],
+                      inp["proj_w"], inp["out_norm_w"] if out_norm else None, num_blocks,
+                      write_idx, out=out, pdl=pdl, early=early)
+        res.append((out, prefix, blocks))
+    torch.cuda.synchronize()
+    ref = attn_res(inp["prefix"].clone(), delta if has_delta else None, inp["blocks"].clone(),
+                   inp["norm_w"], inp["proj_w"], inp["out_norm_w"] if out_norm else None,
+                   num_blocks, write_idx)
+    case = f"t{t}/nb{num_blocks}/d{int(has_delta)}/w{write_idx}/on{int(out_norm)}/pdl{int(pdl)}"
+    ok, msg = check_and_record(OP, f"{case}/early", res[0][0], ref, 2e-2, 2e-2,
+                               REL_FRO[torch.bfloat16])
+    assert ok, msg
+    assert all(torch.equal(x, y) for x, y in zip(res[0], res[1], strict=True)), "early changed bits"
+    applies = num_blocks <= 4 and not 0 <= write_idx < num_blocks
+    assert [k.early for k in keys] == [applies, False], keys

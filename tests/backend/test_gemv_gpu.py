@@ -259,3 +259,47 @@ def test_gemv_cta_warps_and_ksplit(n: int, k: int, t: int) -> None:
     if k % 1024 == 0:
         with pytest.raises(ValueError, match=r"warps=2 must be one of .* multiple of ksplit=4"):
             gemv(xbuf, w, ksplit=4, warps=2)
+
+
+@pytest.mark.variant
+@pytest.mark.parametrize("n,k,t", [(7168, 1536, 1), (7168, 1536, 2), (7167, 1536, 1),
+                                   (13, 7168, 2), (6288, 7168, 1)])
+def test_gemv_rows_per_warp(n: int, k: int, t: int) -> None:
+    """``rows_per_warp`` 2 or 4 (``K3_DECODE_OPROJ_RPW``, session 14 candidate: every row's first
+    load group in flight before the PDL wait) gives the bits of one row per warp, as an
+    ordinary and as a dependent launch right after a short kernel that writes x (x
+    NaN-poisoned first; a check of bits, not of the overlap), with CTAs of 4 and 8 warps and row
+    counts that leave a warp's last rows past N (clamped loads, no store: the poisoned
+    columns past N stay NaN); against float64 too. Outputs poisoned. Refused with ksplit > 1
+    or prefetch, and for 3 rows per warp."""
+    from backend.k3_decode.ops.gemv import gemv
+
+    _, w = _inputs(n, k, t, seed=11 * n + t)
+    a = torch.randn(t, 256, generator=torch.Generator().manual_seed(n + 1)).to(
+        torch.bfloat16).cuda()
+    wx = (torch.randn(k, 256, generator=torch.Generator().manual_seed(k + 1)) * 0.1).to(
+        torch.bfloat16).cuda()
+    xbuf = torch.empty(t, k, dtype=torch.bfloat16, device="cuda")
+    outs, pads = {}, {}
+    width = -(-n // 8) * 8 + 8
+    for warps in (4, 8):
+        for rpw in (1, 2, 4):
+            for pdl in (False, True):
+                buf = poison_(torch.empty(t, width, dtype=torch.bfloat16, device="cuda"))
+                poison_(xbuf)
+                gemv(a, wx, xbuf, variant="simt", pdl=False)  # writes x, signals at its start
+                gemv(xbuf, w, buf[:, :n], variant="simt", pdl=pdl, warps=warps,
+                     rows_per_warp=rpw)
+                outs[(warps, rpw, pdl)], pads[(warps, rpw, pdl)] = buf[:, :n], buf[:, n:]
+    torch.cuda.synchronize()
+    ref = xbuf.double() @ w.double().T
+    base = outs[(8, 1, False)]
+    for key, out in outs.items():
+        ok, msg = check_and_record(OP, f"simt/warps{key[0]}/rpw{key[1]}/pdl{int(key[2])}/n{n}"
+                                   f"/k{k}/t{t}", out, ref, 2e-2, 2e-2, REL_FRO[torch.bfloat16])
+        assert ok, msg
+        assert torch.equal(out, base), (key, "changed bits against one row per warp")
+        assert torch.isnan(pads[key].float()).all(), (key, "wrote past N")
+    for kw in ({"ksplit": 2}, {"prefetch": True}, {}):
+        with pytest.raises(ValueError, match="rows_per_warp="):
+            gemv(xbuf, w, rows_per_warp=3 if not kw else 2, **kw)

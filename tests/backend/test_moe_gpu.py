@@ -420,3 +420,41 @@ def test_moe_w2_as_a_dependent_launch_is_bit_equal(batch: int, normalize: bool) 
     assert torch.equal(outs[0][0], outs[1][0])
     if normalize:
         assert torch.equal(outs[0][1], outs[1][1])
+
+
+@pytest.mark.variant
+@pytest.mark.parametrize("batch,shared", [(1, False), (2, False), (1, True), (5, True)])
+def test_moe_w2_prefetch_changes_no_bit(batch: int, shared: bool) -> None:
+    """`w2_prefetch=True` (``K3_DECODE_W2_PREFETCH``): one more w13 grid column whose CTAs
+    bulk-prefetch each pair's w2 expert block and scales into L2. A prefetch changes no value:
+    the output (deferred norm; with the shared experts' rows in the w13 launch, whose CTAs now
+    sit one column further on, and the tail prefetch columns before it) and the partial sums
+    are bit-equal to the launch without it, w2 and its scales are untouched, and float64
+    agrees."""
+    from backend.k3_decode.ops.moe import moe_experts
+
+    inp = make_inputs(batch, 896, 384, seed=1200 + batch)
+    w2, s2 = inp["w2"].clone(), inp["w2_scale"].clone()
+    kw: dict = {}
+    if shared:
+        g = torch.Generator(device="cpu").manual_seed(121 + batch)
+        kw = {"shared_x": torch.randn(batch, 7168, generator=g).to(torch.bfloat16).cuda(),
+              "shared_w": (torch.randn(2 * 768, 7168, generator=g) * 0.03).to(
+                  torch.bfloat16).cuda(), "shared_split": 2,
+              "upcoming": inp["w13"], "upcoming_bytes": 4 << 20}
+    outs = []
+    for pf in (True, False):
+        out = poison_(torch.empty(batch, LATENT + (768 if shared else 0), dtype=torch.bfloat16,
+                                  device="cuda"))
+        part = poison_(torch.empty(batch, LATENT // 8, device="cuda"))
+        extra = dict(kw, shared_out=out[:, LATENT:]) if shared else {}
+        moe_experts(**inp, out=out[:, :LATENT], normalize=True, norm_part=part,
+                    w2_prefetch=pf, **extra)
+        outs.append((out, part))
+    torch.cuda.synchronize()
+    ok, msg = check_and_record(OP, f"e896/i384/b{batch}/w2_prefetch/shared{int(shared)}",
+                               outs[0][0][:, :LATENT], reference(inp), 2e-2, 2e-2,
+                               REL_FRO[torch.bfloat16])
+    assert ok, msg
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert torch.equal(inp["w2"], w2) and torch.equal(inp["w2_scale"], s2)

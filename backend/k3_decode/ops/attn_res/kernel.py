@@ -80,8 +80,11 @@ def attn_res_kernel(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
                     write_block: cutlass.Constexpr, out_norm: cutlass.Constexpr,
                     eps: cutlass.Constexpr, out_eps: cutlass.Constexpr,
                     prefetch: cutlass.Constexpr, pf_ctas: cutlass.Constexpr,
-                    pdl: cutlass.Constexpr = False):
+                    pdl: cutlass.Constexpr = False, early: cutlass.Constexpr = False):
     """One token: prefix update, online-softmax mix over the sources, output RMSNorm.
+
+    ``early`` (without ``prefetch``; at most EARLY_MAX_BLOCKS blocks): `_attn_res_token_early`,
+    every load issued at once and one barrier for all sources' sums (same bits).
 
     ``pdl`` (a programmatic dependent launch): the weights and the saved blocks (written by
     earlier AttnRes launches only) are read and folded into the mix first; the CTA waits for
@@ -112,6 +115,11 @@ def attn_res_kernel(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
     if prefetching:
         tid_pf, _, _ = cute.arch.thread_idx()
         prefetch_share(pf, pf_bytes, (tok - n_tok) * THREADS + tid_pf, pf_ctas * THREADS)
+    elif cutlass.const_expr(early):
+        _attn_res_token_early(prefix, delta, blocks, norm_w, proj_w, out_w, out,
+                              block_write_idx, ld_prefix, ld_delta, ld_blk_t, ld_blk_s, ld_out,
+                              tok, h, num_blocks, has_delta, write_block, out_norm, eps,
+                              out_eps, pdl)
     else:
         _attn_res_token(prefix, delta, blocks, norm_w, proj_w, out_w, out, block_write_idx,
                         ld_prefix, ld_delta, ld_blk_t, ld_blk_s, ld_out, tok, h, num_blocks,
@@ -133,6 +141,157 @@ def _prefix_update(p_row: cute.Pointer, delta: cute.Pointer, pre: cute.Tensor, t
     if cutlass.const_expr(write_block):
         blk_row = blocks + tok.to(I64) * ld_blk_t
         _store_row(blk_row + block_write_idx.to(I64) * ld_blk_s, pre, per)
+
+
+EARLY_MAX_BLOCKS = 4  # `early`: sources held as bf16 registers (8 spill on sm_90a); more: old path
+
+
+@cute.jit
+def _load_raw(base: cute.Pointer, raw: cute.Tensor, per: cutlass.Constexpr):
+    """raw[e, i] = base[4*(tid + 256*i) + e] (bf16, issued now; converted where used)."""
+    tid, _, _ = cute.arch.thread_idx()
+    cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BF16, num_bits_per_copy=64)
+    for i in cutlass.range_constexpr(per):
+        cute.copy(cp, vec(base + (tid + THREADS * i) * V, BF16, V, 8), raw[None, i])
+
+
+@cute.jit
+def _warp_sums_to(red: cute.Tensor, slot: cutlass.Constexpr, a: F32, b: F32):
+    """The first half of `_cta_sum2` (warp sums into `red`'s slot), without its barrier."""
+    warp = cute.arch.warp_idx()
+    lane = cute.arch.lane_idx()
+    a = cute.arch.warp_reduction_sum(a)
+    b = cute.arch.warp_reduction_sum(b)
+    if lane == 0:
+        red[slot * 2 * WARPS + warp] = a
+        red[slot * 2 * WARPS + WARPS + warp] = b
+
+
+@cute.jit
+def _slot_sums(red: cute.Tensor, slot: cutlass.Constexpr):
+    """The second half of `_cta_sum2`: the slot's warp sums added in warp order."""
+    sa = F32(0.0)
+    sb = F32(0.0)
+    for w in cutlass.range_constexpr(WARPS):
+        sa += red[slot * 2 * WARPS + w]
+        sb += red[slot * 2 * WARPS + WARPS + w]
+    return sa, sb
+
+
+@cute.jit
+def _src_sums(raw: cute.Tensor, src: cute.Tensor, qk: cute.Tensor, per: cutlass.Constexpr):
+    """This thread's sum(x^2) and x . qk over its elements, in `_attn_res_token`'s order; the
+    source is `raw` (bf16 registers) or, with `raw` None, `src` (fp32)."""
+    ss = F32(0.0)
+    dt = F32(0.0)
+    for i in cutlass.range_constexpr(per):
+        for e in cutlass.range_constexpr(V):
+            x = src[V * i + e] if cutlass.const_expr(raw is None) else raw[e, i].to(F32)
+            ss += x * x
+            dt += x * qk[V * i + e]
+    return ss, dt
+
+
+@cute.jit
+def _attn_res_token_early(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Pointer,
+                          norm_w: cute.Pointer, proj_w: cute.Pointer, out_w: cute.Pointer,
+                          out: cute.Pointer, block_write_idx: I32, ld_prefix: I64,
+                          ld_delta: I64, ld_blk_t: I64, ld_blk_s: I64, ld_out: I64, tok: I32,
+                          h: cutlass.Constexpr, num_blocks: cutlass.Constexpr,
+                          has_delta: cutlass.Constexpr, write_block: cutlass.Constexpr,
+                          out_norm: cutlass.Constexpr, eps: cutlass.Constexpr,
+                          out_eps: cutlass.Constexpr, pdl: cutlass.Constexpr = False):
+    """`_attn_res_token` with every load in flight at once and one CTA reduction for all
+    sources (plus the output norm's): the weights, the saved blocks and (without ``pdl``)
+    prefix and delta are issued first and kept as bf16 registers; the per-source sums are
+    warp-reduced, then one barrier, then added in warp order, and the online softmax folds
+    the sources in the same order with the same arithmetic: the same bits as
+    `_attn_res_token`, with one memory round trip and one barrier where that one takes one of
+    each per source. With ``pdl`` (not a block write) the blocks' sums come before the wait,
+    prefix / delta and the prefix's sums after it."""
+    late = pdl and not write_block
+    if cutlass.const_expr(pdl and write_block):
+        cute.arch.griddepcontrol_wait()
+    per = h // (THREADS * V)
+    n = per * V
+    smem = SmemAllocator()
+    red = smem.allocate_tensor(F32, cute.make_layout(((num_blocks + 2) * 2 * WARPS,)),
+                               byte_alignment=16)
+    nw = cute.make_rmem_tensor((V, per), BF16)
+    pw = cute.make_rmem_tensor((V, per), BF16)
+    _load_raw(norm_w, nw, per)
+    _load_raw(proj_w, pw, per)
+    ow = cute.make_rmem_tensor((V, per), BF16)
+    if cutlass.const_expr(out_norm):
+        _load_raw(out_w, ow, per)
+    blk_row = blocks + tok.to(I64) * ld_blk_t
+    blk = [cute.make_rmem_tensor((V, per), BF16) for _ in range(num_blocks)]
+    for s in cutlass.range_constexpr(num_blocks):
+        _load_raw(blk_row + s * ld_blk_s, blk[s], per)
+    p_row = prefix + tok.to(I64) * ld_prefix
+    pre = cute.make_rmem_tensor((n,), F32)
+    tmp = cute.make_rmem_tensor((n,), F32)
+    if cutlass.const_expr(not late):
+        p_raw = cute.make_rmem_tensor((V, per), BF16)
+        _load_raw(p_row, p_raw, per)
+        d_raw = cute.make_rmem_tensor((V, per), BF16)
+        if cutlass.const_expr(has_delta):
+            _load_raw(delta + tok.to(I64) * ld_delta, d_raw, per)
+    qk = cute.make_rmem_tensor((n,), F32)
+    for i in cutlass.range_constexpr(per):
+        for e in cutlass.range_constexpr(V):
+            qk[V * i + e] = nw[e, i].to(F32) * pw[e, i].to(F32)
+    for s in cutlass.range_constexpr(num_blocks):
+        ss, dt = _src_sums(blk[s], None, qk, per)
+        _warp_sums_to(red, s, ss, dt)
+    if cutlass.const_expr(late):
+        cute.arch.griddepcontrol_wait()  # prefix and delta: the previous kernel's output
+        _prefix_update(p_row, delta, pre, tmp, blocks, block_write_idx, ld_delta, ld_blk_t,
+                       ld_blk_s, tok, per, has_delta, write_block)
+    else:
+        for i in cutlass.range_constexpr(per):
+            for e in cutlass.range_constexpr(V):
+                pre[V * i + e] = p_raw[e, i].to(F32)
+                if cutlass.const_expr(has_delta):
+                    pre[V * i + e] = (pre[V * i + e] + d_raw[e, i].to(F32)).to(BF16).to(F32)
+        if cutlass.const_expr(has_delta):
+            _store_row(p_row, pre, per)
+        if cutlass.const_expr(write_block):
+            _store_row(blk_row + block_write_idx.to(I64) * ld_blk_s, pre, per)
+    ss, dt = _src_sums(None, pre, qk, per)
+    _warp_sums_to(red, num_blocks, ss, dt)
+    cute.arch.barrier()
+    mix = cute.make_rmem_tensor((n,), F32)
+    for i in cutlass.range_constexpr(n):
+        mix[i] = F32(0.0)
+    m = F32(float("-inf"))
+    den = F32(0.0)
+    for s in cutlass.range_constexpr(num_blocks + 1):
+        ss, dt = _slot_sums(red, s)
+        logit = dt * cute.rsqrt(ss * F32(1.0 / h) + F32(eps))
+        new_m = cute.arch.fmax(m, logit)
+        a = cute.exp(m - new_m)
+        b = cute.exp(logit - new_m)
+        den = den * a + b
+        for i in cutlass.range_constexpr(per):
+            for e in cutlass.range_constexpr(V):
+                x = pre[V * i + e] if cutlass.const_expr(s == num_blocks) else (
+                    blk[s][e, i].to(F32))
+                mix[V * i + e] = mix[V * i + e] * a + b * x
+        m = new_m
+    inv = F32(1.0) / den
+    for i in cutlass.range_constexpr(n):
+        mix[i] = mix[i] * inv
+    if cutlass.const_expr(out_norm):
+        ss = F32(0.0)
+        for i in cutlass.range_constexpr(n):
+            ss += mix[i] * mix[i]
+        ss, _ = _cta_sum2(ss, F32(0.0), red, num_blocks + 1)
+        r = cute.rsqrt(ss * F32(1.0 / h) + F32(out_eps))
+        for i in cutlass.range_constexpr(per):
+            for e in cutlass.range_constexpr(V):
+                mix[V * i + e] = mix[V * i + e] * r * ow[e, i].to(F32)
+    _store_row(out + tok.to(I64) * ld_out, mix, per)
 
 
 @cute.jit
@@ -225,11 +384,13 @@ def attn_res_launch(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
                     has_delta: cutlass.Constexpr, write_block: cutlass.Constexpr,
                     out_norm: cutlass.Constexpr, eps: cutlass.Constexpr,
                     out_eps: cutlass.Constexpr, prefetch: cutlass.Constexpr = False,
-                    pf_ctas: cutlass.Constexpr = 0, pdl: cutlass.Constexpr = False):
+                    pf_ctas: cutlass.Constexpr = 0, pdl: cutlass.Constexpr = False,
+                    early: cutlass.Constexpr = False):
     """Host side: one CTA per token (plus ``pf_ctas`` prefetch CTAs) on the caller's stream
-    (CUDA-graph safe); `pdl`: a programmatic dependent launch (`attn_res_kernel`)."""
+    (CUDA-graph safe); `pdl`: a programmatic dependent launch; `early`: every load at once
+    (`attn_res_kernel`)."""
     attn_res_kernel(prefix, delta, blocks, norm_w, proj_w, out_w, out, block_write_idx,
                     ld_prefix, ld_delta, ld_blk_t, ld_blk_s, ld_out, n_tok, pf, pf_bytes, h,
                     num_blocks, has_delta, write_block, out_norm, eps, out_eps, prefetch,
-                    pf_ctas, pdl).launch(
+                    pf_ctas, pdl, early).launch(
         grid=(n_tok + pf_ctas, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=pdl)

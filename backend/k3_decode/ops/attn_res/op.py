@@ -31,6 +31,7 @@ from backend.k3_decode.ops.gemv.common import (
     upcoming_bytes as prefetch_bytes,
 )
 
+EARLY_MAX_BLOCKS = 4  # kernel.EARLY_MAX_BLOCKS (not imported: this module needs no cutlass)
 OP = "attn_res_norm"
 MAX_TOKENS = 4096
 MAX_BLOCKS = 16
@@ -59,6 +60,7 @@ class AttnResKey:
     prefetch: bool = False
     pf_ctas: int = 0
     pdl: bool = False  # a programmatic dependent launch (kernel.attn_res_kernel)
+    early: bool = False  # every load at once, one barrier for all sources (same bits)
 
 
 def check_inputs(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
@@ -115,7 +117,7 @@ def compile_attn_res(key: AttnResKey, extra_options: str = ""):
             + [fake_ptr(cutlass.Uint8), i64(0)])
     return cute.compile(attn_res_launch, *args, cuda.CUstream(0), key.hidden, key.num_blocks,
                         key.has_delta, key.write_block, key.out_norm, key.eps, key.out_eps,
-                        key.prefetch, key.pf_ctas, key.pdl,
+                        key.prefetch, key.pf_ctas, key.pdl, key.early,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
@@ -125,14 +127,16 @@ def attn_res_norm(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torc
                   out_eps: float = 1e-6, out: torch.Tensor | None = None,
                   prefetch: bool = False, upcoming: torch.Tensor | None = None,
                   upcoming_bytes: int = 0, prefetch_ctas: int = PREFETCH_CTAS,
-                  pdl: bool = False) -> torch.Tensor:
+                  pdl: bool = False, early: bool = False) -> torch.Tensor:
     """Run the fused AttnRes + RMSNorm kernel (see the module docstring); returns `out`.
     `prefetch=True`: the saved block rows are bulk-prefetched into L2 at the kernel's start.
     `upcoming` (a contiguous tensor the next kernel reads, e.g. its weight) with
     `upcoming_bytes` > 0: `prefetch_ctas` extra CTAs bulk-prefetch its first
     `min(upcoming_bytes, its size)` bytes (rounded down to 16) into L2 while the token CTAs run.
     `pdl=True`: a programmatic dependent launch (weights and saved blocks first, then a wait
-    before prefix / delta). None of these changes the result (`kernel.attn_res_kernel`)."""
+    before prefix / delta). `early=True`: every load issued at once and one CTA barrier for
+    all sources' sums (used where `prefetch` is off, num_blocks <= EARLY_MAX_BLOCKS and the
+    written block is not one of the sources; the plain kernel elsewhere). None of these changes the result (`kernel.attn_res_kernel`)."""
     if out is None:
         need(isinstance(prefix, torch.Tensor), AttnResInputError, OP, "prefix must be a tensor")
         out = torch.empty(prefix.shape, dtype=BF, device=prefix.device)
@@ -142,7 +146,9 @@ def attn_res_norm(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torc
     key = AttnResKey(h, num_blocks, delta is not None, block_write_idx >= 0,
                      out_norm_w is not None, float(eps), float(out_eps), target_arch(),
                      bool(prefetch) and num_blocks > 0, prefetch_ctas if pf_bytes else 0,
-                     bool(pdl))
+                     bool(pdl), bool(early) and not prefetch
+                     and num_blocks <= EARLY_MAX_BLOCKS
+                     and not 0 <= block_write_idx < num_blocks)  # a source it overwrites
     fn = compile_attn_res(key)
     import cutlass
 
