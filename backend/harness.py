@@ -68,12 +68,7 @@ def settings() -> dict[str, int]:
         "mla_tile32": int(_knob("K3_DECODE_MLA_TILE32")),
         "qkv_ksplit": _knob("K3_DECODE_QKV_KSPLIT"),
         "gemv_warps": _knob("K3_DECODE_GEMV_WARPS"),
-        # session 14 candidates: the combine's o_proj prefetch (KiB; its end), tiny-step splits
-        "oproj_prefetch_kib": int(_knob("K3_DECODE_OPROJ_PREFETCH_MB") * 1024),
-        "oproj_prefetch_tail": int(_knob("K3_DECODE_OPROJ_PREFETCH_TAIL")),
-        "mla_tiny_splits": _knob("K3_DECODE_MLA_TINY_SPLITS"),
-        "w2_prefetch": int(_knob("K3_DECODE_W2_PREFETCH")),
-        "oproj_rpw": _knob("K3_DECODE_OPROJ_RPW"),
+        # session 14: the AttnRes with every load at once
         "attnres_early": int(_knob("K3_DECODE_ATTNRES_EARLY")),
     }
     if s["gemv_warps"] % s["qkv_ksplit"]:

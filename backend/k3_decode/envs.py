@@ -63,31 +63,13 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # the o_proj weight into L2 (attention and combine leave DRAM nearly idle at short
     # contexts). Off ("0") until timed (NOTES.md session 10).
     "K3_DECODE_OPROJ_PREFETCH_MB": lambda: _mib("K3_DECODE_OPROJ_PREFETCH_MB"),
-    # "1": the combine's o_proj prefetch (K3_DECODE_OPROJ_PREFETCH_MB) takes the LAST MiB of
-    # o_proj instead of the first: the dependent o_proj GEMV loads its first rows itself while it
-    # waits, its later CTAs (dispatched in row order) read theirs only after the combine.
-    # Session 14 candidate, off.
-    "K3_DECODE_OPROJ_PREFETCH_TAIL": lambda: os.environ.get("K3_DECODE_OPROJ_PREFETCH_TAIL",
-                                                            "0") == "1",
-    # Split-KV splits of the MLA attention at the 1-2-token settings (below: dependent launches,
-    # 32-token tiles): "0" (default) plans them (`plan_splits`: 32 at 1k, one 32-token tile
-    # each); "8" / "16": that many (fewer partials for the combine to merge, more tiles per
-    # attention CTA). Session 14 candidate.
-    "K3_DECODE_MLA_TINY_SPLITS": lambda: _choice("K3_DECODE_MLA_TINY_SPLITS", "0",
-                                                 ("0", "8", "16")),
-    # "1": the SIMT w13 launch of the routed experts gets one more grid column whose CTAs
-    # bulk-prefetch each token-expert pair's w2 block and scales into L2 (the w2 kernel after it
-    # then reads L2; w13 is issue-bound and leaves DRAM mostly idle). Session 14 candidate, off.
-    "K3_DECODE_W2_PREFETCH": lambda: os.environ.get("K3_DECODE_W2_PREFETCH", "0") == "1",
-    # "2" or "4": the KDA and MLA o_proj GEMVs (7168 rows of K = 1536, dependent launches at 1-2
-    # tokens) run that many rows per warp (`gemv(rows_per_warp=)`: every row's loads in flight
-    # before the wait, in fewer CTAs, so more of the weight is loaded while the attention
-    # finishes; same bits). "1" (default): one row per warp. Session 14 candidate.
-    "K3_DECODE_OPROJ_RPW": lambda: _choice("K3_DECODE_OPROJ_RPW", "1", ("1", "2", "4")),
-    # "1": the AttnRes kernel issues every load at once (weights, saved blocks, prefix, delta)
-    # and adds all sources' sums after one CTA barrier (`attn_res_norm(early=True)`: same bits;
-    # up to 4 saved blocks, the plain kernel beyond). Session 14 candidate, off.
-    "K3_DECODE_ATTNRES_EARLY": lambda: os.environ.get("K3_DECODE_ATTNRES_EARLY", "0") == "1",
+    # The AttnRes kernel issues every load at once (weights, saved blocks, prefix, delta) and
+    # adds all sources' sums after one CTA barrier (`attn_res_norm(early=True)`: same bits; up
+    # to 4 saved blocks, the plain kernel beyond). Default since session 14 (H200, NOTES.md
+    # session 14: eager layer kernel sums -1.0 / -1.3 us at batch 1; in the whole-step graph
+    # the MLA + MoE span 99.4 -> 98.3 us, the KDA + MoE span and the step unchanged: weak
+    # evidence, no regression measured at 1, 2, 8 tokens). "0": the plain kernel.
+    "K3_DECODE_ATTNRES_EARLY": lambda: os.environ.get("K3_DECODE_ATTNRES_EARLY", "1") != "0",
     # MiB > 0: the q_b + absorb launch (`mla_qb_absorb`, 1-2 tokens) gets 3 more clusters that
     # prefetch that many MiB of o_proj into L2, two kernels (attention, combine: DRAM idle)
     # ahead of its use. Session 13 candidate.

@@ -176,7 +176,6 @@ def test_attn_res_as_a_dependent_launch_is_bit_equal(t: int, num_blocks: int,
     assert all(torch.equal(a, b) for a, b in zip(res[0], res[1], strict=True)), "pdl changed bits"
 
 
-@pytest.mark.variant
 @pytest.mark.parametrize("t,num_blocks,has_delta,write_idx,out_norm,pdl", [
     (1, 1, True, -1, True, False), (1, 1, True, -1, True, True), (1, 0, True, 0, True, False),
     (2, 1, False, 1, True, True), (3, 4, True, -1, False, False), (1, 2, True, 2, True, True),
@@ -184,7 +183,7 @@ def test_attn_res_as_a_dependent_launch_is_bit_equal(t: int, num_blocks: int,
 def test_attn_res_early_loads_are_bit_equal(t: int, num_blocks: int, has_delta: bool,
                                             write_idx: int, out_norm: bool, pdl: bool,
                                             monkeypatch) -> None:
-    """`early=True` (``K3_DECODE_ATTNRES_EARLY``, session 14 candidate): every load issued at
+    """`early=True` (``K3_DECODE_ATTNRES_EARLY``, default since session 14): every load issued at
     once, the sources' sums added after one barrier, the online softmax in the same order:
     output, updated prefix and written block bit-equal to the plain kernel (also as a
     dependent launch after a GEMV that writes delta, NaN-poisoned first), and against float64.

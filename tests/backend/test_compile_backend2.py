@@ -72,12 +72,6 @@ compile_gemv(GemvKey(7168, 1, False, arch, "simt", 1, True, False, 4, 4))  # K3_
 compile_attn_res(AttnResKey(7168, 1, True, False, True, 1e-6, 1e-6, arch, False, 0, False, True))
 compile_attn_res(AttnResKey(7168, 4, True, False, True, 1e-6, 1e-6, arch, False, 0, True, True))
 compile_attn_res(AttnResKey(7168, 1, False, True, True, 1e-6, 1e-6, arch, False, 0, True, True))
-compile_gemv(GemvKey(1536, 1, False, arch, "simt", 1, True, False, 1, 4, 2))  # 2 rows per warp
-# session 14 candidate: w2 experts prefetched into L2 from the w13 launch (K3_DECODE_W2_PREFETCH)
-compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 0, 1e-6, 1, False, 0, True, 0, False,
-                   0, 0, 1, False, 1))
-compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 0, 1e-6, 1, False, 0, True, 2, False,
-                   768, 7168, 2, False, 1))  # with the tail prefetch and the shared rows
 print("COMPILED", arch)
 """
 KERNELS = ("gemv_kernel", "gemv_mma_kernel", "gemv_normed_kernel", "router_kernel",

@@ -37,7 +37,7 @@ def test_prefetch_mib_refuses(knob, raw, monkeypatch) -> None:
     ("K3_DECODE_PDL", True), ("K3_DECODE_PDL_W2", False), ("K3_DECODE_PDL_ATTNRES", False),
     ("K3_DECODE_PDL_QBA", False), ("K3_DECODE_PDL_ATTEND", True),
     ("K3_DECODE_PDL_COMBINE", True), ("K3_DECODE_MLA_TILE32", True),
-    ("K3_DECODE_OPROJ_PREFETCH_TAIL", False), ("K3_DECODE_W2_PREFETCH", False)])
+    ("K3_DECODE_ATTNRES_EARLY", True)])
 def test_variant_switches(knob, default, monkeypatch) -> None:
     """Opt-in variants are on only at "1"; the ones made defaults in session 11 (rolled router
     rounds, 4-token MLA CTAs), 12 (dependent launches) and 13 (the MLA decode's at 1-2 tokens,
@@ -108,8 +108,7 @@ def test_harness_settings_record_the_session13_knobs(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("knob,default,allowed", [("K3_DECODE_QKV_KSPLIT", 2, (1, 2, 4)),
-                                                  ("K3_DECODE_GEMV_WARPS", 4, (2, 4, 8)),
-                                                  ("K3_DECODE_MLA_TINY_SPLITS", 0, (0, 8, 16))])
+                                                  ("K3_DECODE_GEMV_WARPS", 4, (2, 4, 8))])
 def test_session13_choices(knob, default, allowed, monkeypatch) -> None:
     """The split of the MLA q_a|kv_a|gate GEMV and the SIMT GEMVs' CTA size: their defaults,
     every allowed value, and a clear error for anything else (also through the harness's
@@ -129,18 +128,12 @@ def test_session13_choices(knob, default, allowed, monkeypatch) -> None:
         settings()
 
 
-def test_harness_settings_record_the_session14_knobs(monkeypatch) -> None:
-    """The combine's o_proj prefetch (KiB, which end) and the tiny-step split count go into the
-    harness's configuration (they change the candidate's kernels or grids)."""
+def test_harness_settings_record_the_session14_knob(monkeypatch) -> None:
+    """The AttnRes with every load at once (default on) goes into the harness's configuration
+    as set."""
     from backend.harness import settings
 
-    for knob in ("K3_DECODE_OPROJ_PREFETCH_MB", "K3_DECODE_OPROJ_PREFETCH_TAIL",
-                 "K3_DECODE_MLA_TINY_SPLITS"):
-        monkeypatch.delenv(knob, raising=False)
-    s = settings()
-    assert (s["oproj_prefetch_kib"], s["oproj_prefetch_tail"], s["mla_tiny_splits"]) == (0, 0, 0)
-    monkeypatch.setenv("K3_DECODE_OPROJ_PREFETCH_MB", "21")
-    monkeypatch.setenv("K3_DECODE_OPROJ_PREFETCH_TAIL", "1")
-    monkeypatch.setenv("K3_DECODE_MLA_TINY_SPLITS", "16")
-    s = settings()
-    assert (s["oproj_prefetch_kib"], s["oproj_prefetch_tail"], s["mla_tiny_splits"]) == (21504, 1, 16)
+    monkeypatch.delenv("K3_DECODE_ATTNRES_EARLY", raising=False)
+    assert settings()["attnres_early"] == 1
+    monkeypatch.setenv("K3_DECODE_ATTNRES_EARLY", "0")
+    assert settings()["attnres_early"] == 0

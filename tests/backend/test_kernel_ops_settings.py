@@ -23,9 +23,7 @@ BF = torch.bfloat16
 def _call(t: int, max_context: int | None, monkeypatch, **env: str) -> dict:
     for name in ("K3_DECODE_PDL_ATTEND", "K3_DECODE_PDL_COMBINE", "K3_DECODE_MLA_TILE32",
                  "K3_DECODE_MLA_FUSED", "K3_DECODE_MLA_QBA", "K3_DECODE_PDL",
-                 "K3_DECODE_QKV_KSPLIT", "K3_DECODE_GEMV_WARPS", "K3_DECODE_MLA_SMALL_TPC",
-                 "K3_DECODE_MLA_TINY_SPLITS", "K3_DECODE_OPROJ_PREFETCH_MB",
-                 "K3_DECODE_OPROJ_PREFETCH_TAIL"):
+                 "K3_DECODE_QKV_KSPLIT", "K3_DECODE_GEMV_WARPS", "K3_DECODE_MLA_SMALL_TPC"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -112,31 +110,3 @@ def test_gemv_split_must_divide_the_cta(ksplit, warps, monkeypatch) -> None:
     else:
         assert KernelOps(k3_config(8), max_context=1024)._qkv_ksplit == int(ksplit)
         assert settings()["qkv_ksplit"] == int(ksplit)
-
-
-@pytest.mark.parametrize("t,ctx,splits", [(1, 1024, None), (1, 1024, "16"), (2, 2048, "8"),
-                                          (1, 32768, "16"), (4, 1024, "16")])
-def test_tiny_splits_apply_only_to_the_tiny_settings(t, ctx, splits, monkeypatch) -> None:
-    """K3_DECODE_MLA_TINY_SPLITS: the split count asked for at the 1-2-token, short-context
-    settings; elsewhere (and unset) the op plans its own (None)."""
-    env = {"K3_DECODE_MLA_TINY_SPLITS": splits} if splits else {}
-    kw = _call(t, ctx, monkeypatch, **env)["mla"]
-    tiny = t <= 2 and ctx <= TINY_MAX_CONTEXT
-    assert kw["n_splits"] == (int(splits) if splits and tiny else None)
-
-
-@pytest.mark.parametrize("mib,tail,rows", [("16", "0", None), ("16", "1", 5461), ("21", "1", 7168),
-                                           ("40", "1", 7168), ("0", "1", None)])
-def test_oproj_prefetch_takes_the_first_or_the_last_rows(mib, tail, rows, monkeypatch) -> None:
-    """K3_DECODE_OPROJ_PREFETCH_MB hands the combine o_proj (whose first MiB it prefetches);
-    with K3_DECODE_OPROJ_PREFETCH_TAIL=1 the view of its last MiB of whole rows (16 MiB of
-    3072-byte rows: 5461; more than o_proj: all of it), the same memory as o_proj's end."""
-    kw = _call(1, 1024, monkeypatch, K3_DECODE_OPROJ_PREFETCH_MB=mib,
-               K3_DECODE_OPROJ_PREFETCH_TAIL=tail)["mla"]
-    up = kw["upcoming"]
-    assert kw["upcoming_bytes"] == int(float(mib) * (1 << 20))
-    if rows is None:
-        assert up.shape == (7168, 1536) and up.storage_offset() == 0
-    else:
-        assert up.shape == (rows, 1536) and up.is_contiguous()
-        assert up.storage_offset() == (7168 - rows) * 1536  # ends where o_proj ends

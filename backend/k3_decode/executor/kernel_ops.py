@@ -133,15 +133,13 @@ class KernelOps:
         self._gemv = functools.partial(gemv, pdl=self._pdl, prefetch=self._prefetch,
                                        warps=warps)
         self._gemv_normed = gemv_normed
-        self._oproj_rpw = envs.K3_DECODE_OPROJ_RPW  # rows per warp of the o_proj GEMVs
         norm_at = envs.K3_DECODE_MOE_NORM
         if norm_at not in ("gemv", "w2"):
             raise ValueError(f"K3_DECODE_MOE_NORM={norm_at!r}: use 'gemv' or 'w2'")
         self._norm_in_gemv = norm_at == "gemv"
         self._kda, self._mla = kda_decode, mla_decode
         self._moe = functools.partial(moe_experts, w13_h2=envs.K3_DECODE_MOE_H2,
-                                      pdl=self._pdl and envs.K3_DECODE_PDL_W2,
-                                      w2_prefetch=envs.K3_DECODE_W2_PREFETCH)
+                                      pdl=self._pdl and envs.K3_DECODE_PDL_W2)
         self._route, self._attn_res, self._prep, self._mla_prep = (route, attn_res_norm,
                                                                    rms_glu_prep, mla_prep)
         self._mla_qb = mla_qb if envs.K3_DECODE_MLA_QB and not self._torch_prep else None
@@ -175,8 +173,6 @@ class KernelOps:
         self._tail_prefetch_bytes = int(envs.K3_DECODE_TAIL_PREFETCH_MB * (1 << 20))
         self._oproj_prefetch_bytes = int(envs.K3_DECODE_OPROJ_PREFETCH_MB * (1 << 20))
         self._qba_prefetch_bytes = int(envs.K3_DECODE_QBA_OPROJ_PREFETCH_MB * (1 << 20))
-        self._oproj_prefetch_tail = envs.K3_DECODE_OPROJ_PREFETCH_TAIL
-        self._mla_tiny_splits = envs.K3_DECODE_MLA_TINY_SPLITS or None
         self.skip_experts = False
         """Benchmark aid: skip the routed experts (the latent goes straight to the norm)."""
         self._counters: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
@@ -224,7 +220,7 @@ class KernelOps:
                       proj[:, 3 * hd : 4 * hd], w.f_b, w.conv_w, w.dt_bias, w.a_log, w.norm_w,
                       cache.conv_state, cache.state, inp.state_indices, inp.num_accepted,
                       gate_form=k.gate_form, lower_bound=k.gate_lower_bound, norm_eps=k.norm_eps)
-        return self._gemv(o, w.o_proj, out, rows_per_warp=self._oproj_rpw)
+        return self._gemv(o, w.o_proj, out)
 
     def mla(self, w: MlaWeights, h: torch.Tensor, cache: MlaCache, inp: StepInputs,
             out: torch.Tensor) -> torch.Tensor:
@@ -268,21 +264,15 @@ class KernelOps:
         tiny = (t <= 2 and self.max_context is not None and self.max_context <= TINY_MAX_CONTEXT
                 and not (self._mla_fused is None and q_lat is None))
         tiling = self._mla_tiny if tiny else self._mla_small if t <= 4 else self._mla_tiling
-        upcoming = w.o_proj
-        if self._oproj_prefetch_tail and self._oproj_prefetch_bytes:  # its last rows
-            row = w.o_proj.shape[1] * w.o_proj.element_size()
-            upcoming = w.o_proj[-max(1, min(w.o_proj.shape[0],
-                                            self._oproj_prefetch_bytes // row)):]
         o = self._mla(q_nope, q_pe, gate, cache.kv_cache, inp.block_table, inp.seq_lens,
                       w.w_uk_t, w.w_uv, q_per_request=inp.q, kv_scale=cache.kv_scale,
                       softmax_scale=m.softmax_scale, max_context=self.max_context,
                       check_lengths=False, counter=self.counters(h.device)[2],
                       fused=self._mla_fused, q_lat=q_lat, tiling=tiling,
-                      n_splits=self._mla_tiny_splits if tiny else None,
                       pdl=self._pdl_combine and tiny,
                       pdl_attend=self._pdl_attend and tiny,  # the executor's tilings are mma
-                      upcoming=upcoming, upcoming_bytes=self._oproj_prefetch_bytes)
-        return self._gemv(o, w.o_proj, out, rows_per_warp=self._oproj_rpw)
+                      upcoming=w.o_proj, upcoming_bytes=self._oproj_prefetch_bytes)
+        return self._gemv(o, w.o_proj, out)
 
     def moe(self, w: MoeWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Router (optionally on the side stream), front GEMV, MXFP4 experts, prep, tail GEMV."""

@@ -126,61 +126,6 @@ def row_dot(w_row: cute.Pointer, x: cute.Pointer, ld_x: I64, tok0: I32, n_tok: I
 
 
 @cute.jit
-def gemv_rows(w: cute.Pointer, x: cute.Pointer, y: cute.Pointer, row0: I32, n_rows: I32,
-              tok0: I32, n_tok: I32, ld_x: I64, ld_y: I64, k: cutlass.Constexpr,
-              tt: cutlass.Constexpr, rpw: cutlass.Constexpr, pdl: cutlass.Constexpr = False):
-    """One warp, `rpw` adjacent rows `row0 ..` (those < `n_rows`): y[tok0 + t, row] = W[row] .
-    x[tok0 + t]. Every row's first load group is issued before anything waits (with `pdl`,
-    before `griddepcontrol.wait`), so a dependent launch has `rpw` times the bytes in flight
-    per warp while the previous kernel runs; then each row as `row_dot` does it (same per-row
-    sums, same bits). Rows past `n_rows` are clamped for their loads and not stored."""
-    lane = cute.arch.lane_idx()
-    nvec = k // VEC
-    per_lane = (nvec + 31) // 32
-    gs = group_size(per_lane)
-    cp = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BF16, num_bits_per_copy=128)
-    first = [cute.make_rmem_tensor((VEC, gs), BF16) for _ in range(rpw)]
-    for r in cutlass.range_constexpr(rpw):
-        rr = cutlass.min(row0 + r, n_rows - 1)
-        _load_group(w + rr.to(I64) * k, first[r], lane, 0, gs, nvec)
-    if cutlass.const_expr(pdl):
-        cute.arch.griddepcontrol_wait()
-    yt = cute.make_tensor(y, cute.make_layout((1 << 30,)))
-    for r in cutlass.range_constexpr(rpw):
-        rr = cutlass.min(row0 + r, n_rows - 1)
-        w_row = w + rr.to(I64) * k
-        acc = cute.make_rmem_tensor((tt,), F32)
-        for t in cutlass.range_constexpr(tt):
-            acc[t] = F32(0.0)
-        for g in cutlass.range_constexpr(per_lane // gs):
-            g0 = g * gs
-            wr = first[r]
-            if cutlass.const_expr(g > 0):
-                wr = cute.make_rmem_tensor((VEC, gs), BF16)
-                _load_group(w_row, wr, lane, g0, gs, nvec)
-            for t in cutlass.range_constexpr(tt):
-                tok = cutlass.min(tok0 + t, n_tok - 1)
-                for i in cutlass.range_constexpr(gs):
-                    c = lane + 32 * (g0 + i)
-                    if cutlass.const_expr(nvec % 32 == 0):
-                        xr = cute.make_rmem_tensor((VEC,), BF16)
-                        cute.copy(cp, vec(x + (tok.to(I64) * ld_x + c * VEC), BF16, VEC, 16), xr)
-                        _fma_vec(acc, t, wr, i, xr, None, None)
-                    else:
-                        if c < nvec:
-                            xr = cute.make_rmem_tensor((VEC,), BF16)
-                            cute.copy(cp, vec(x + (tok.to(I64) * ld_x + c * VEC), BF16, VEC,
-                                              16), xr)
-                            _fma_vec(acc, t, wr, i, xr, None, None)
-        for t in cutlass.range_constexpr(tt):
-            acc[t] = cute.arch.warp_reduction_sum(acc[t])
-        if (lane == 0) & (row0 + r < n_rows):
-            for t in cutlass.range_constexpr(tt):
-                if tok0 + t < n_tok:
-                    yt[(tok0 + t).to(I64) * ld_y + row0 + r] = acc[t].to(y.dtype)
-
-
-@cute.jit
 def gemv_row(w: cute.Pointer, x: cute.Pointer, y: cute.Pointer, row: I32, tok0: I32, n_tok: I32,
              ld_x: I64, ld_y: I64, k: cutlass.Constexpr, tt: cutlass.Constexpr,
              pdl: cutlass.Constexpr = False, prefetch: cutlass.Constexpr = False):
@@ -199,23 +144,16 @@ def gemv_row(w: cute.Pointer, x: cute.Pointer, y: cute.Pointer, row: I32, tok0: 
 def gemv_kernel(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I32, n_tok: I32,
                 ld_x: I64, ld_y: I64, k: cutlass.Constexpr, tt: cutlass.Constexpr,
                 pdl: cutlass.Constexpr, prefetch: cutlass.Constexpr,
-                ksplit: cutlass.Constexpr = 1, warps: cutlass.Constexpr = WARPS,
-                rpw: cutlass.Constexpr = 1):
+                ksplit: cutlass.Constexpr = 1, warps: cutlass.Constexpr = WARPS):
     """One warp per weight row, `tt` tokens per CTA; y is bf16 or fp32 (y's pointer type).
     `warps` per CTA (8; 4 or 2: more, smaller CTAs, so that the rows spread more evenly over
     the SMs). `ksplit` > 1: `ksplit` adjacent warps share a row, each over its K / ksplit
     columns (more warps, and bytes in flight, for a weight of few rows); the CTA adds their
-    warp-reduced partials through shared memory in warp order (warps / ksplit rows per CTA).
-    `rpw` > 1 (with `ksplit` 1): each warp takes `rpw` adjacent rows (`gemv_rows`: all their
-    first load groups in flight before the wait; same bits)."""
+    warp-reduced partials through shared memory in warp order (warps / ksplit rows per CTA)."""
     cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched next kernel may start
     warp = cute.arch.warp_idx()
     rb, tb, _ = cute.arch.block_idx()
-    if cutlass.const_expr(rpw > 1):
-        row0 = (rb * warps + warp) * rpw
-        if row0 < n_rows:
-            gemv_rows(w, x, y, row0, n_rows, tb * tt, n_tok, ld_x, ld_y, k, tt, rpw, pdl)
-    elif cutlass.const_expr(ksplit == 1):
+    if cutlass.const_expr(ksplit == 1):
         row = rb * warps + warp
         if row < n_rows:
             gemv_row(w, x, y, row, tb * tt, n_tok, ld_x, ld_y, k, tt, pdl, prefetch)
@@ -250,13 +188,12 @@ def gemv_launch(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I32, 
                 ld_x: I64, ld_y: I64, stream: cuda.CUstream, k: cutlass.Constexpr,
                 tt: cutlass.Constexpr, pdl: cutlass.Constexpr = False,
                 prefetch: cutlass.Constexpr = False, ksplit: cutlass.Constexpr = 1,
-                warps: cutlass.Constexpr = WARPS, rpw: cutlass.Constexpr = 1):
+                warps: cutlass.Constexpr = WARPS):
     """Host side: grid (ceil(N / (warps / ksplit)), ceil(T/tt)) on the caller's stream (CUDA-graph
     safe); `pdl`: a programmatic dependent launch (it may start while the previous kernel
     runs); `prefetch`: each warp's row is bulk-prefetched into L2 first (`row_dot`); `ksplit`:
-    warps per row, `warps` per CTA, `rpw` rows per warp (`gemv_kernel`)."""
-    rows_per_cta = warps // ksplit * rpw
-    gemv_kernel(x, w, y, n_rows, n_tok, ld_x, ld_y, k, tt, pdl, prefetch, ksplit, warps,
-                rpw).launch(
+    warps per row, `warps` per CTA (`gemv_kernel`)."""
+    rows_per_cta = warps // ksplit
+    gemv_kernel(x, w, y, n_rows, n_tok, ld_x, ld_y, k, tt, pdl, prefetch, ksplit, warps).launch(
         grid=((n_rows + rows_per_cta - 1) // rows_per_cta, (n_tok + tt - 1) // tt, 1),
         block=(32 * warps, 1, 1), stream=stream, use_pdl=pdl)

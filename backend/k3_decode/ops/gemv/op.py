@@ -36,7 +36,6 @@ SIMT_MAX_TOKENS = 2  # "auto": SIMT for 1-2 rows (and see pick_variant) (H200, b
 VARIANTS = ("auto", "simt", "mma")
 KSPLITS = (1, 2, 4)  # SIMT: warps per weight row
 CTA_WARPS = (2, 4, 8)  # SIMT: warps per CTA
-ROWS_PER_WARP = (1, 2, 4)  # SIMT: weight rows per warp
 
 
 class GemvInputError(ValueError):
@@ -57,7 +56,6 @@ class GemvKey:
     prefetch: bool = False  # SIMT: bulk L2 prefetch of each row first (K3_DECODE_GEMV_PREFETCH)
     ksplit: int = 1  # SIMT: warps per weight row, each over K / ksplit columns
     warps: int = 8  # SIMT: warps per CTA
-    rpw: int = 1  # SIMT: weight rows per warp (1, 2 or 4; with ksplit 1)
 
 
 def pick_token_tile(n_tok: int, variant: str = "simt") -> int:
@@ -154,15 +152,14 @@ def compile_gemv(key: GemvKey, extra_options: str = ""):
     else:
         from backend.k3_decode.ops.gemv.kernel import gemv_launch as launch
     extra = ((key.splits,) if key.variant == "mma"
-             else (key.pdl, key.prefetch, key.ksplit, key.warps, key.rpw))
+             else (key.pdl, key.prefetch, key.ksplit, key.warps))
     return cute.compile(launch, *_compile_args(key.out_f32), key.k, key.tt, *extra,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
          variant: str = "auto", splits: int | None = None, pdl: bool | None = None,
-         prefetch: bool = False, ksplit: int = 1, warps: int = 8,
-         rows_per_warp: int = 1) -> torch.Tensor:
+         prefetch: bool = False, ksplit: int = 1, warps: int = 8) -> torch.Tensor:
     """`out = x @ w.T` (fp32 accumulation); returns `out` (bf16 unless an fp32 `out` is given).
 
     `variant`: "auto" (`pick_variant`: SIMT for 1-2 rows and for 3-4 rows of few long weight
@@ -177,9 +174,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
     256 * ksplit), their partials added in warp order: more warps and bytes in flight for a
     weight of few rows (not the same rounding as `ksplit=1`). `warps` (SIMT only): warps per
     CTA, 8, 4 or 2 (smaller CTAs spread the rows more evenly over the SMs; same results).
-    `rows_per_warp` (SIMT only, with ``ksplit=1`` and without ``prefetch``): 1, 2 or 4 adjacent
-    weight rows per warp, all their first load groups issued before the PDL wait (a dependent
-    launch then has every row's first bytes in flight with fewer CTAs; same results).
     """
     need(variant in VARIANTS, GemvInputError, OP, f"unknown variant {variant!r} ({VARIANTS})")
     need(splits is None or splits in SPLITS, GemvInputError, OP,
@@ -194,9 +188,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
     kx = x.shape[-1] if isinstance(x, torch.Tensor) and x.dim() == 2 else 0
     need(ksplit == 1 or kx % (256 * ksplit) == 0, GemvInputError, OP,
          f"ksplit={ksplit} needs K (here {kx}) to be a multiple of {256 * ksplit}")
-    need(rows_per_warp in ROWS_PER_WARP and (rows_per_warp == 1 or (ksplit == 1 and not prefetch)),
-         GemvInputError, OP, f"rows_per_warp={rows_per_warp!r} must be one of {ROWS_PER_WARP} "
-         f"(more than 1 only with ksplit=1 and prefetch=False)")
     t, n, k = check_inputs(x, w, out, variant, splits)
     out_f32 = out.dtype == torch.float32
     var = pick_variant(variant, t, n, k)
@@ -208,7 +199,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
         pdl = envs.K3_DECODE_PDL
     key = GemvKey(k, tt, out_f32, target_arch(), var, sp, bool(pdl) and var == "simt",
                   bool(prefetch) and var == "simt", ksplit if var == "simt" else 1,
-                  warps if var == "simt" else 8, rows_per_warp if var == "simt" else 1)
+                  warps if var == "simt" else 8)
     fn = compile_gemv(key)
     import cutlass
 

@@ -276,8 +276,7 @@ def moe_w13_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: c
                    linear_beta: cutlass.Constexpr, pf_x: cutlass.Constexpr,
                    h2: cutlass.Constexpr = False, sh_rows: cutlass.Constexpr = 0,
                    sh_k: cutlass.Constexpr = 0, sh_split: cutlass.Constexpr = 1,
-                   trigger: cutlass.Constexpr = False, w2: cute.Pointer = None,
-                   s2: cute.Pointer = None, pf_w2: cutlass.Constexpr = 0):
+                   trigger: cutlass.Constexpr = False):
     """Gate/up GEMV of one token-expert pair over 8 intermediate rows, then SiTU-GLU.
 
     ``trigger``: signal `griddepcontrol.launch_dependents` at the start, so that a w2 kernel
@@ -295,33 +294,22 @@ def moe_w13_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: c
     ``sh_rows`` > 0: the grid has `shared_glu_columns` more columns (after the prefetch ones)
     whose CTAs compute the shared experts' SiTU-GLU from the layer input (`_shared_glu_cta`),
     so their 2 x S bf16 weight rows stream while the expert CTAs decode MXFP4 instead of in the
-    router + front launch before.
-
-    ``pf_w2`` = 1: one more column (after the prefetch ones, before the shared ones): CTA
-    (column, pair) bulk-prefetches the w2 block and its scales of the pair's expert (``w2``,
-    ``s2``: ``[E, L, I/2]`` / ``[E, L, I/32]`` bytes, 16-byte aligned) into L2 and exits, so the
-    w2 kernel after this one reads its weights from L2 (DRAM is mostly idle while w13 runs)."""
+    router + front launch before."""
     if cutlass.const_expr(trigger):
         cute.arch.griddepcontrol_launch_dependents()
     jb, p, _ = cute.arch.block_idx()
     routed = inter // W13_ROWS
-    if cutlass.const_expr(pf_x == 0 and sh_rows == 0 and pf_w2 == 0):
+    if cutlass.const_expr(pf_x == 0 and sh_rows == 0):
         _w13_pair_rows(z, ids, w13, s13, act, ld_z, jb, p, latent, inter, top_k, n_exp, beta,
                        linear_beta, h2)
     else:
         _, gy, _ = cute.arch.grid_dim()
-        kind = I32(0)  # 0 expert rows, 1 prefetch, 2 shared rows, 3 w2 prefetch
+        kind = I32(0)  # 0 expert rows, 1 prefetch, 2 shared rows
         if jb >= routed:
             kind = I32(1)
-        if cutlass.const_expr(pf_w2 > 0):  # noqa: SIM102 (compile-time, then run-time test)
-            if jb >= routed + pf_x:
-                kind = I32(3)
         if cutlass.const_expr(sh_rows > 0):  # noqa: SIM102 (compile-time, then run-time test)
-            if jb >= routed + pf_x + pf_w2:
+            if jb >= routed + pf_x:
                 kind = I32(2)
-        if cutlass.const_expr(pf_w2 > 0):  # noqa: SIM102 (compile-time, then run-time test)
-            if kind == 3:
-                _prefetch_w2_expert(ids, w2, s2, p, latent, inter, n_exp)
         if kind == 0:
             _w13_pair_rows(z, ids, w13, s13, act, ld_z, jb, p, latent, inter, top_k, n_exp,
                            beta, linear_beta, h2)
@@ -332,23 +320,8 @@ def moe_w13_kernel(z: cute.Pointer, ids: cute.Pointer, w13: cute.Pointer, s13: c
                                pf_x * gy * (W13_WARPS * 32))
         if cutlass.const_expr(sh_rows > 0):  # noqa: SIM102 (compile-time, then run-time test)
             if kind == 2:
-                _shared_glu_cta(xh, ld_xh, wsh, ysh, ld_ysh,
-                                (jb - routed - pf_x - pf_w2) * gy + p,
+                _shared_glu_cta(xh, ld_xh, wsh, ysh, ld_ysh, (jb - routed - pf_x) * gy + p,
                                 gy // top_k, sh_rows, sh_k, sh_split, beta, linear_beta)
-
-
-@cute.jit
-def _prefetch_w2_expert(ids: cute.Pointer, w2: cute.Pointer, s2: cute.Pointer, pair: I32,
-                        latent: cutlass.Constexpr, inter: cutlass.Constexpr,
-                        n_exp: cutlass.Constexpr):
-    """This CTA's threads bulk-prefetch equal shares of the w2 block and scales of the expert
-    that token-expert pair ``pair`` routes to into L2 (id clamped as the w2 kernel clamps it)."""
-    tid, _, _ = cute.arch.thread_idx()
-    e_id = cutlass.max(cutlass.min(flat(ids)[pair], I32(n_exp - 1)), I32(0)).to(I64)
-    wb = latent * inter // 2  # bytes per expert (a multiple of 16: L % 512, I % 128)
-    sb = latent * inter // CHUNK
-    prefetch_share(w2 + e_id * wb, I64(wb), tid, I32(W13_WARPS * 32))
-    prefetch_share(s2 + e_id * sb, I64(sb), tid, I32(W13_WARPS * 32))
 
 
 @cute.jit
@@ -726,8 +699,7 @@ def moe_launch(z: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer, w13: cu
                w13_tc: cutlass.Constexpr = False, w13_tc_blk: cutlass.Constexpr = 0,
                pf_x: cutlass.Constexpr = 0, w13_h2: cutlass.Constexpr = False,
                sh_rows: cutlass.Constexpr = 0, sh_k: cutlass.Constexpr = 0,
-               sh_split: cutlass.Constexpr = 1, w2_pdl: cutlass.Constexpr = False,
-               pf_w2: cutlass.Constexpr = 0):
+               sh_split: cutlass.Constexpr = 1, w2_pdl: cutlass.Constexpr = False):
     """Host side: w13 + SiTU-GLU, then w2 + weighted sum (+ norm / shared SiTU), one stream.
     `w13_h2` (SIMT w13 only): its chunk sums in f16x2 (`moe_w13_kernel`'s ``h2``).
     `w13_tc`: the tensor-core w13 (`moe_w13_tc_kernel`) instead of the SIMT one. `norm`: 0,
@@ -736,8 +708,7 @@ def moe_launch(z: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer, w13: cu
     `pf` into L2 (`moe_w13_kernel`). `sh_rows` > 0 (SIMT w13 only): the w13 launch also
     writes the shared experts' SiTU-GLU ``ysh [T, sh_rows]`` from ``xh [T, sh_k]`` and
     ``wsh [2 sh_rows, sh_k]`` (`_shared_glu_cta`). `w2_pdl` (SIMT w13 only): w2 is a
-    programmatic dependent launch of w13 (`moe_w2_kernel`'s ``pdl``). `pf_w2` = 1 (SIMT w13
-    only): one more w13 column prefetches each pair's w2 expert block into L2."""
+    programmatic dependent launch of w13 (`moe_w2_kernel`'s ``pdl``)."""
     if cutlass.const_expr(w13_tc):
         blk = w13_tc_blk if w13_tc_blk else w13_tc_blocks(latent)
         moe_w13_tc_kernel(z, ids, w13, s13, act, ld_z, latent, inter, top_k, n_exp, beta,
@@ -747,9 +718,8 @@ def moe_launch(z: cute.Pointer, ids: cute.Pointer, topk_w: cute.Pointer, w13: cu
     else:
         moe_w13_kernel(z, ids, w13, s13, act, ld_z, pf, pf_bytes, xh, ld_xh, wsh, ysh, ld_ysh,
                        latent, inter, top_k, n_exp, beta, linear_beta, pf_x, w13_h2, sh_rows,
-                       sh_k, sh_split, w2_pdl, w2, s2, pf_w2).launch(
-            grid=(inter // W13_ROWS + pf_x + pf_w2
-                  + shared_glu_columns(sh_rows, sh_split, top_k),
+                       sh_k, sh_split, w2_pdl).launch(
+            grid=(inter // W13_ROWS + pf_x + shared_glu_columns(sh_rows, sh_split, top_k),
                   n_tok * top_k, 1), block=(W13_WARPS * 32, 1, 1), stream=stream)
     moe_w2_kernel(act, ids, topk_w, w2, s2, out, ld_out, gu, ld_gu, ws, part, counter, latent,
                   inter, top_k, n_exp, norm, shared, eps, beta, linear_beta, passes,

@@ -94,7 +94,6 @@ class MoeKey:
     sh_k: int = 0  # their input width (the hidden size)
     sh_split: int = 1  # column slices per shared row (1, 2 or 4; kernel.py: _shared_glu_cta)
     w2_pdl: bool = False  # w2 as a programmatic dependent launch of the SIMT w13
-    pf_w2: int = 0  # 1: one more SIMT w13 column prefetches each pair's w2 expert into L2
 
 
 def check_inputs(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
@@ -162,7 +161,7 @@ def compile_moe(key: MoeKey, extra_options: str = ""):
     return cute.compile(moe_launch, *args, key.latent, key.inter, key.top_k, key.experts,
                         key.beta, key.linear_beta, norm, key.shared, key.eps,
                         key.w2_passes, key.w13_tc, key.w13_tc_blocks, key.pf_x, key.w13_h2,
-                        key.sh_rows, key.sh_k, key.sh_split, key.w2_pdl, key.pf_w2,
+                        key.sh_rows, key.sh_k, key.sh_split, key.w2_pdl,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
@@ -219,7 +218,7 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
                 upcoming_bytes: int = 0, w13_h2: bool = False,
                 shared_x: torch.Tensor | None = None, shared_w: torch.Tensor | None = None,
                 shared_out: torch.Tensor | None = None, shared_split: int = 1,
-                pdl: bool = False, w2_prefetch: bool = False) -> torch.Tensor:
+                pdl: bool = False) -> torch.Tensor:
     """Run the MXFP4 expert kernels (see the module docstring); returns `out`.
 
     `upcoming` with `upcoming_bytes` > 0 (SIMT w13 only): the w13 launch gets `PF_X` more grid
@@ -233,10 +232,7 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
     writes ``shared_out = bf16(SiTU-GLU(bf16(shared_w[:S] . x), bf16(shared_w[S:] . x)))`` in
     extra CTAs, each row cut into `shared_split` column slices (1, 2 or 4; with 1 the sums are
     the plain SIMT GEMV's to the bit). `pdl` (SIMT w13 only; ignored with `w13_tc`): w2 is a
-    programmatic dependent launch: its first weight loads go out while w13 runs (same result).
-    `w2_prefetch` (SIMT w13 only; ignored with `w13_tc`): one more w13 grid column whose CTAs
-    bulk-prefetch each token-expert pair's w2 block and scales into L2 while w13 runs (same
-    result; `w2` and `w2_scale` must then be 16-byte aligned)."""
+    programmatic dependent launch: its first weight loads go out while w13 runs (same result)."""
     for name, v in (("z", z), ("topk_ids", topk_ids), ("w13", w13)):
         need(isinstance(v, torch.Tensor), MoeInputError, OP, f"{name} must be a torch.Tensor")
     need(z.dim() == 2 and topk_ids.dim() == 2 and w13.dim() == 3, MoeInputError, OP,
@@ -292,15 +288,11 @@ def moe_experts(z: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor,
     else:  # not read by the kernel (compile-time off); any valid pointers do
         counter, ws, part = topk_ids, act, act
     pf_bytes = 0 if w13_tc else prefetch_bytes(MoeInputError, OP, upcoming, upcoming_bytes, dev)
-    pf_w2 = int(bool(w2_prefetch) and not w13_tc)
-    need(not pf_w2 or (w2.data_ptr() % 16 == 0 and w2_scale.data_ptr() % 16 == 0),
-         MoeInputError, OP, "w2_prefetch=True needs w2 and w2_scale 16-byte aligned")
     fn = compile_moe(MoeKey(lat, inter, k, e, float(beta), float(linear_beta), target_arch(),
                             bool(normalize), shared, float(eps), int(w2_passes),
                             bool(w13_tc), int(w13_tc_blocks), norm_part is not None,
                             PF_X if pf_bytes else 0, bool(w13_h2), sh[0], sh[1],
-                            int(shared_split) if sh[0] else 1, bool(pdl) and not w13_tc,
-                            pf_w2))
+                            int(shared_split) if sh[0] else 1, bool(pdl) and not w13_tc))
     import cutlass
 
     g = out if gu is None else gu
