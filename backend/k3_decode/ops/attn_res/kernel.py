@@ -52,8 +52,8 @@ def _store_row(base: cute.Pointer, regs: cute.Tensor, per: cutlass.Constexpr):
 
 
 @cute.jit
-def _cta_sum2(a: F32, b: F32, red: cute.Tensor, slot: cutlass.Constexpr):
-    """CTA-wide sums of a and b (each slot of `red` is used once: one barrier per call)."""
+def _warp_sums_to(red: cute.Tensor, slot: cutlass.Constexpr, a: F32, b: F32):
+    """Warp sums of a and b into `red`'s slot (lane 0 of each warp writes; no barrier)."""
     warp = cute.arch.warp_idx()
     lane = cute.arch.lane_idx()
     a = cute.arch.warp_reduction_sum(a)
@@ -61,13 +61,25 @@ def _cta_sum2(a: F32, b: F32, red: cute.Tensor, slot: cutlass.Constexpr):
     if lane == 0:
         red[slot * 2 * WARPS + warp] = a
         red[slot * 2 * WARPS + WARPS + warp] = b
-    cute.arch.barrier()
+
+
+@cute.jit
+def _slot_sums(red: cute.Tensor, slot: cutlass.Constexpr):
+    """The slot's warp sums added in warp order (after a barrier)."""
     sa = F32(0.0)
     sb = F32(0.0)
     for w in cutlass.range_constexpr(WARPS):
         sa += red[slot * 2 * WARPS + w]
         sb += red[slot * 2 * WARPS + WARPS + w]
     return sa, sb
+
+
+@cute.jit
+def _cta_sum2(a: F32, b: F32, red: cute.Tensor, slot: cutlass.Constexpr):
+    """CTA-wide sums of a and b (each slot of `red` is used once: one barrier per call)."""
+    _warp_sums_to(red, slot, a, b)
+    cute.arch.barrier()
+    return _slot_sums(red, slot)
 
 
 @cute.kernel
@@ -156,29 +168,6 @@ def _load_raw(base: cute.Pointer, raw: cute.Tensor, per: cutlass.Constexpr):
 
 
 @cute.jit
-def _warp_sums_to(red: cute.Tensor, slot: cutlass.Constexpr, a: F32, b: F32):
-    """The first half of `_cta_sum2` (warp sums into `red`'s slot), without its barrier."""
-    warp = cute.arch.warp_idx()
-    lane = cute.arch.lane_idx()
-    a = cute.arch.warp_reduction_sum(a)
-    b = cute.arch.warp_reduction_sum(b)
-    if lane == 0:
-        red[slot * 2 * WARPS + warp] = a
-        red[slot * 2 * WARPS + WARPS + warp] = b
-
-
-@cute.jit
-def _slot_sums(red: cute.Tensor, slot: cutlass.Constexpr):
-    """The second half of `_cta_sum2`: the slot's warp sums added in warp order."""
-    sa = F32(0.0)
-    sb = F32(0.0)
-    for w in cutlass.range_constexpr(WARPS):
-        sa += red[slot * 2 * WARPS + w]
-        sb += red[slot * 2 * WARPS + WARPS + w]
-    return sa, sb
-
-
-@cute.jit
 def _src_sums(raw: cute.Tensor, src: cute.Tensor, qk: cute.Tensor, per: cutlass.Constexpr):
     """This thread's sum(x^2) and x . qk over its elements, in `_attn_res_token`'s order; the
     source is `raw` (bf16 registers) or, with `raw` None, `src` (fp32)."""
@@ -190,6 +179,41 @@ def _src_sums(raw: cute.Tensor, src: cute.Tensor, qk: cute.Tensor, per: cutlass.
             ss += x * x
             dt += x * qk[V * i + e]
     return ss, dt
+
+
+@cute.jit
+def _fold_logit(m: F32, den: F32, ss: F32, dt: F32, h: cutlass.Constexpr, eps: cutlass.Constexpr):
+    """One online-softmax step over a source with sums ``ss`` / ``dt``: returns the new running
+    max, the old mix's scale ``a``, the source's weight ``b`` and the new denominator."""
+    logit = dt * cute.rsqrt(ss * F32(1.0 / h) + F32(eps))
+    new_m = cute.arch.fmax(m, logit)
+    a = cute.exp(m - new_m)
+    b = cute.exp(logit - new_m)
+    return new_m, a, b, den * a + b
+
+
+@cute.jit
+def _norm_and_store(mix: cute.Tensor, den: F32, red: cute.Tensor, slot: cutlass.Constexpr,
+                    ow: cute.Tensor, ow_raw: cute.Tensor, out_row: cute.Pointer,
+                    per: cutlass.Constexpr, h: cutlass.Constexpr, out_norm: cutlass.Constexpr,
+                    out_eps: cutlass.Constexpr):
+    """mix / den, then (``out_norm``) its RMSNorm times the output weight (``ow`` fp32, or with
+    ``ow`` None the bf16 registers ``ow_raw``), stored as bf16 at ``out_row``."""
+    n = per * V
+    inv = F32(1.0) / den
+    for i in cutlass.range_constexpr(n):
+        mix[i] = mix[i] * inv
+    if cutlass.const_expr(out_norm):
+        ss = F32(0.0)
+        for i in cutlass.range_constexpr(n):
+            ss += mix[i] * mix[i]
+        ss, _ = _cta_sum2(ss, F32(0.0), red, slot)
+        r = cute.rsqrt(ss * F32(1.0 / h) + F32(out_eps))
+        for i in cutlass.range_constexpr(per):
+            for e in cutlass.range_constexpr(V):
+                w = ow_raw[e, i].to(F32) if cutlass.const_expr(ow is None) else ow[V * i + e]
+                mix[V * i + e] = mix[V * i + e] * r * w
+    _store_row(out_row, mix, per)
 
 
 @cute.jit
@@ -268,30 +292,14 @@ def _attn_res_token_early(prefix: cute.Pointer, delta: cute.Pointer, blocks: cut
     den = F32(0.0)
     for s in cutlass.range_constexpr(num_blocks + 1):
         ss, dt = _slot_sums(red, s)
-        logit = dt * cute.rsqrt(ss * F32(1.0 / h) + F32(eps))
-        new_m = cute.arch.fmax(m, logit)
-        a = cute.exp(m - new_m)
-        b = cute.exp(logit - new_m)
-        den = den * a + b
+        m, a, b, den = _fold_logit(m, den, ss, dt, h, eps)
         for i in cutlass.range_constexpr(per):
             for e in cutlass.range_constexpr(V):
                 x = pre[V * i + e] if cutlass.const_expr(s == num_blocks) else (
                     blk[s][e, i].to(F32))
                 mix[V * i + e] = mix[V * i + e] * a + b * x
-        m = new_m
-    inv = F32(1.0) / den
-    for i in cutlass.range_constexpr(n):
-        mix[i] = mix[i] * inv
-    if cutlass.const_expr(out_norm):
-        ss = F32(0.0)
-        for i in cutlass.range_constexpr(n):
-            ss += mix[i] * mix[i]
-        ss, _ = _cta_sum2(ss, F32(0.0), red, num_blocks + 1)
-        r = cute.rsqrt(ss * F32(1.0 / h) + F32(out_eps))
-        for i in cutlass.range_constexpr(per):
-            for e in cutlass.range_constexpr(V):
-                mix[V * i + e] = mix[V * i + e] * r * ow[e, i].to(F32)
-    _store_row(out + tok.to(I64) * ld_out, mix, per)
+    _norm_and_store(mix, den, red, num_blocks + 1, None, ow, out + tok.to(I64) * ld_out, per, h,
+                    out_norm, out_eps)
 
 
 @cute.jit
@@ -352,26 +360,11 @@ def _attn_res_token(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
             ss += src[i] * src[i]
             dt += src[i] * qk[i]
         ss, dt = _cta_sum2(ss, dt, red, s)
-        logit = dt * cute.rsqrt(ss * F32(1.0 / h) + F32(eps))
-        new_m = cute.arch.fmax(m, logit)
-        a = cute.exp(m - new_m)
-        b = cute.exp(logit - new_m)
-        den = den * a + b
+        m, a, b, den = _fold_logit(m, den, ss, dt, h, eps)
         for i in cutlass.range_constexpr(n):
             mix[i] = mix[i] * a + b * src[i]
-        m = new_m
-    inv = F32(1.0) / den
-    for i in cutlass.range_constexpr(n):
-        mix[i] = mix[i] * inv
-    if cutlass.const_expr(out_norm):
-        ss = F32(0.0)
-        for i in cutlass.range_constexpr(n):
-            ss += mix[i] * mix[i]
-        ss, _ = _cta_sum2(ss, F32(0.0), red, num_blocks + 1)
-        r = cute.rsqrt(ss * F32(1.0 / h) + F32(out_eps))
-        for i in cutlass.range_constexpr(n):
-            mix[i] = mix[i] * r * ow[i]
-    _store_row(out + tok.to(I64) * ld_out, mix, per)
+    _norm_and_store(mix, den, red, num_blocks + 1, ow, None, out + tok.to(I64) * ld_out, per, h,
+                    out_norm, out_eps)
 
 
 @cute.jit
