@@ -65,10 +65,10 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     "K3_DECODE_OPROJ_PREFETCH_MB": lambda: _mib("K3_DECODE_OPROJ_PREFETCH_MB"),
     # The AttnRes kernel issues every load at once (weights, saved blocks, prefix, delta) and
     # adds all sources' sums after one CTA barrier (`attn_res_norm(early=True)`: same bits; up
-    # to 4 saved blocks, the plain kernel beyond). Default since session 14 (H200, NOTES.md
-    # session 14: eager layer kernel sums -1.0 / -1.3 us at batch 1; in the whole-step graph
-    # the MLA + MoE span 99.4 -> 98.3 us, the KDA + MoE span and the step unchanged: weak
-    # evidence, no regression measured at 1, 2, 8 tokens). "0": the plain kernel.
+    # to 4 saved blocks, the plain kernel beyond). Default since session 14 for its kernel-level
+    # gain (H200, NOTES.md session 14: eager layer kernel sums -1.0 / -1.3 us at batch 1); in
+    # the whole-step graph no effect distinguishable from noise (MLA + MoE span 99.4 -> 98.3 us
+    # at batch 1, rank test p ~ 0.08; +0.7% at batch 2; step unchanged). "0": the plain kernel.
     "K3_DECODE_ATTNRES_EARLY": lambda: os.environ.get("K3_DECODE_ATTNRES_EARLY", "1") != "0",
     # MiB > 0: the q_b + absorb launch (`mla_qb_absorb`, 1-2 tokens) gets 3 more clusters that
     # prefetch that many MiB of o_proj into L2, two kernels (attention, combine: DRAM idle)

@@ -179,7 +179,8 @@ def test_attn_res_as_a_dependent_launch_is_bit_equal(t: int, num_blocks: int,
 @pytest.mark.parametrize("t,num_blocks,has_delta,write_idx,out_norm,pdl", [
     (1, 1, True, -1, True, False), (1, 1, True, -1, True, True), (1, 0, True, 0, True, False),
     (2, 1, False, 1, True, True), (3, 4, True, -1, False, False), (1, 2, True, 2, True, True),
-    (64, 3, True, -1, True, False), (1, 5, True, -1, True, False), (2, 3, True, 1, True, False)])
+    (64, 3, True, -1, True, False), (1, 5, True, -1, True, False), (2, 3, True, 1, True, False),
+    (1, 2, False, -1, False, True), (2, 0, True, -1, True, True), (3, 4, True, -1, True, True)])
 def test_attn_res_early_loads_are_bit_equal(t: int, num_blocks: int, has_delta: bool,
                                             write_idx: int, out_norm: bool, pdl: bool,
                                             monkeypatch) -> None:

@@ -66,3 +66,12 @@ def test_upcoming_prefetch_range_checks():
         check_upcoming(w, 1024, MAX_PREFETCH_CTAS + 1, cpu)
     with pytest.raises(AttnResInputError, match="upcoming is on cpu, the inputs on meta"):
         check_upcoming(w, 1024, 32, torch.device("meta"))
+
+
+def test_early_limit_is_the_kernels() -> None:
+    """op.py keeps its own copy of the early kernel's block limit (it imports no cutlass): the two
+    must agree (the kernel also asserts it when tracing an early build)."""
+    pytest.importorskip("cutlass", reason="the kernel module needs the CuTe DSL")
+    from backend.k3_decode.ops.attn_res import kernel, op
+
+    assert op.EARLY_MAX_BLOCKS == kernel.EARLY_MAX_BLOCKS == 4

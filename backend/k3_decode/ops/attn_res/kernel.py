@@ -128,6 +128,7 @@ def attn_res_kernel(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
         tid_pf, _, _ = cute.arch.thread_idx()
         prefetch_share(pf, pf_bytes, (tok - n_tok) * THREADS + tid_pf, pf_ctas * THREADS)
     elif cutlass.const_expr(early):
+        assert not prefetch and num_blocks <= EARLY_MAX_BLOCKS, "early: see attn_res_norm"
         _attn_res_token_early(prefix, delta, blocks, norm_w, proj_w, out_w, out,
                               block_write_idx, ld_prefix, ld_delta, ld_blk_t, ld_blk_s, ld_out,
                               tok, h, num_blocks, has_delta, write_block, out_norm, eps,

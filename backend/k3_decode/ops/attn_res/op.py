@@ -135,20 +135,21 @@ def attn_res_norm(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torc
     `min(upcoming_bytes, its size)` bytes (rounded down to 16) into L2 while the token CTAs run.
     `pdl=True`: a programmatic dependent launch (weights and saved blocks first, then a wait
     before prefix / delta). `early=True`: every load issued at once and one CTA barrier for
-    all sources' sums (used where `prefetch` is off, num_blocks <= EARLY_MAX_BLOCKS and the
-    written block is not one of the sources; the plain kernel elsewhere). None of these changes the result (`kernel.attn_res_kernel`)."""
+    all sources' sums (used where the block prefetch is off, num_blocks <= EARLY_MAX_BLOCKS
+    and the written block is not one of the sources; the plain kernel elsewhere). None of
+    these changes the result (`kernel.attn_res_kernel`)."""
     if out is None:
         need(isinstance(prefix, torch.Tensor), AttnResInputError, OP, "prefix must be a tensor")
         out = torch.empty(prefix.shape, dtype=BF, device=prefix.device)
     t, h = check_inputs(prefix, delta, blocks, norm_w, proj_w, out_norm_w, num_blocks,
                         block_write_idx, out)
     pf_bytes = check_upcoming(upcoming, upcoming_bytes, prefetch_ctas, prefix.device)
+    block_pf = bool(prefetch) and num_blocks > 0
+    early = (bool(early) and not block_pf and num_blocks <= EARLY_MAX_BLOCKS
+             and not 0 <= block_write_idx < num_blocks)  # not with a source it overwrites
     key = AttnResKey(h, num_blocks, delta is not None, block_write_idx >= 0,
                      out_norm_w is not None, float(eps), float(out_eps), target_arch(),
-                     bool(prefetch) and num_blocks > 0, prefetch_ctas if pf_bytes else 0,
-                     bool(pdl), bool(early) and not prefetch
-                     and num_blocks <= EARLY_MAX_BLOCKS
-                     and not 0 <= block_write_idx < num_blocks)  # a source it overwrites
+                     block_pf, prefetch_ctas if pf_bytes else 0, bool(pdl), early)
     fn = compile_attn_res(key)
     import cutlass
 
