@@ -29,6 +29,24 @@ def make_inputs(t: int, slots: int, seed: int) -> dict:
             "out_norm_w": rn(H, scale=0.2, shift=1.0)}
 
 
+def _delta_by_gemv(t: int, seed: int):
+    """``(delta, write)``: ``write()`` NaN-poisons delta, then our SIMT GEMV writes it (a kernel
+    that signals `launch_dependents` at its start, so a dependent AttnRes after it really may
+    start early, and a read of delta before its wait would show)."""
+    from backend.k3_decode.ops.gemv import gemv
+
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    a = torch.randn(t, 256, generator=g).to(torch.bfloat16).cuda()
+    wd = (torch.randn(H, 256, generator=g) * 0.1).to(torch.bfloat16).cuda()
+    delta = torch.empty(t, H, dtype=torch.bfloat16, device="cuda")
+
+    def write() -> None:
+        poison_(delta)
+        gemv(a, wd, delta, variant="simt")
+
+    return delta, write
+
+
 @pytest.mark.parametrize("t,num_blocks,has_delta,write_idx,out_norm", [
     (1, 8, True, -1, True), (5, 3, True, 3, True), (64, 8, False, -1, True),
     (2, 0, True, 0, True), (7, 1, False, -1, False)])
@@ -149,18 +167,13 @@ def test_attn_res_as_a_dependent_launch_is_bit_equal(t: int, num_blocks: int,
     read before the wait would show. Output, updated prefix and written block bit-equal to the
     ordinary launch after the same GEMV; the output against float64."""
     from backend.k3_decode.ops.attn_res import attn_res_norm
-    from backend.k3_decode.ops.gemv import gemv
 
     inp = make_inputs(t, 9, seed=900 + t * 10 + num_blocks)
-    g = torch.Generator(device="cpu").manual_seed(31 + t)
-    a = torch.randn(t, 256, generator=g).to(torch.bfloat16).cuda()
-    wd = (torch.randn(H, 256, generator=g) * 0.1).to(torch.bfloat16).cuda()
-    delta = torch.empty(t, H, dtype=torch.bfloat16, device="cuda")
+    delta, write_delta = _delta_by_gemv(t, 31 + t)
     res = []
     for pdl in (True, False):
         prefix, blocks = inp["prefix"].clone(), inp["blocks"].clone()
-        poison_(delta)
-        gemv(a, wd, delta, variant="simt")  # writes delta
+        write_delta()
         out = poison_(torch.empty(t, H, dtype=torch.bfloat16, device="cuda"))
         attn_res_norm(prefix, delta, blocks, inp["norm_w"], inp["proj_w"], inp["out_norm_w"],
                       num_blocks, write_idx, out=out, pdl=pdl)
@@ -192,21 +205,16 @@ def test_attn_res_early_loads_are_bit_equal(t: int, num_blocks: int, has_delta: 
     the 5-block and the write-into-a-source cases take the plain kernel)."""
     from backend.k3_decode.ops.attn_res import attn_res_norm
     from backend.k3_decode.ops.attn_res import op as ar_op
-    from backend.k3_decode.ops.gemv import gemv
 
     keys: list = []
     real = ar_op.compile_attn_res
     monkeypatch.setattr(ar_op, "compile_attn_res", lambda key: keys.append(key) or real(key))
     inp = make_inputs(t, 9, seed=1300 + t * 10 + num_blocks)
-    g = torch.Generator(device="cpu").manual_seed(41 + t)
-    a = torch.randn(t, 256, generator=g).to(torch.bfloat16).cuda()
-    wd = (torch.randn(H, 256, generator=g) * 0.1).to(torch.bfloat16).cuda()
-    delta = torch.empty(t, H, dtype=torch.bfloat16, device="cuda")
+    delta, write_delta = _delta_by_gemv(t, 41 + t)
     res = []
     for early in (True, False):
         prefix, blocks = inp["prefix"].clone(), inp["blocks"].clone()
-        poison_(delta)
-        gemv(a, wd, delta, variant="simt")  # writes delta, signals at its start
+        write_delta()
         out = poison_(torch.empty(t, H, dtype=torch.bfloat16, device="cuda"))
         attn_res_norm(prefix, delta if has_delta else None, blocks, inp["norm_w"],
                       inp["proj_w"], inp["out_norm_w"] if out_norm else None, num_blocks,

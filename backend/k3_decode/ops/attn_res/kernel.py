@@ -143,11 +143,22 @@ def attn_res_kernel(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
 def _prefix_update(p_row: cute.Pointer, delta: cute.Pointer, pre: cute.Tensor, tmp: cute.Tensor,
                    blocks: cute.Pointer, block_write_idx: I32, ld_delta: I64, ld_blk_t: I64,
                    ld_blk_s: I64, tok: I32, per: cutlass.Constexpr,
-                   has_delta: cutlass.Constexpr, write_block: cutlass.Constexpr):
-    """pre = bf16(prefix + delta), written back in place (and into the written block)."""
-    _load_row(p_row, pre, per)
+                   has_delta: cutlass.Constexpr, write_block: cutlass.Constexpr,
+                   p_raw: cute.Tensor = None, d_raw: cute.Tensor = None):
+    """pre = bf16(prefix + delta), written back in place (and into the written block). With
+    `p_raw` (and `d_raw` where there is a delta): the rows already in bf16 registers
+    (`_load_raw`), so nothing is loaded here."""
+    if cutlass.const_expr(p_raw is None):
+        _load_row(p_row, pre, per)
+        if cutlass.const_expr(has_delta):
+            _load_row(delta + tok.to(I64) * ld_delta, tmp, per)
+    else:
+        for i in cutlass.range_constexpr(per):
+            for e in cutlass.range_constexpr(V):
+                pre[V * i + e] = p_raw[e, i].to(F32)
+                if cutlass.const_expr(has_delta):
+                    tmp[V * i + e] = d_raw[e, i].to(F32)
     if cutlass.const_expr(has_delta):
-        _load_row(delta + tok.to(I64) * ld_delta, tmp, per)
         for i in cutlass.range_constexpr(per * V):
             pre[i] = (pre[i] + tmp[i]).to(BF16).to(F32)
         _store_row(p_row, pre, per)
@@ -256,6 +267,8 @@ def _attn_res_token_early(prefix: cute.Pointer, delta: cute.Pointer, blocks: cut
     p_row = prefix + tok.to(I64) * ld_prefix
     pre = cute.make_rmem_tensor((n,), F32)
     tmp = cute.make_rmem_tensor((n,), F32)
+    p_raw = None
+    d_raw = None
     if cutlass.const_expr(not late):
         p_raw = cute.make_rmem_tensor((V, per), BF16)
         _load_raw(p_row, p_raw, per)
@@ -271,18 +284,8 @@ def _attn_res_token_early(prefix: cute.Pointer, delta: cute.Pointer, blocks: cut
         _warp_sums_to(red, s, ss, dt)
     if cutlass.const_expr(late):
         cute.arch.griddepcontrol_wait()  # prefix and delta: the previous kernel's output
-        _prefix_update(p_row, delta, pre, tmp, blocks, block_write_idx, ld_delta, ld_blk_t,
-                       ld_blk_s, tok, per, has_delta, write_block)
-    else:
-        for i in cutlass.range_constexpr(per):
-            for e in cutlass.range_constexpr(V):
-                pre[V * i + e] = p_raw[e, i].to(F32)
-                if cutlass.const_expr(has_delta):
-                    pre[V * i + e] = (pre[V * i + e] + d_raw[e, i].to(F32)).to(BF16).to(F32)
-        if cutlass.const_expr(has_delta):
-            _store_row(p_row, pre, per)
-        if cutlass.const_expr(write_block):
-            _store_row(blk_row + block_write_idx.to(I64) * ld_blk_s, pre, per)
+    _prefix_update(p_row, delta, pre, tmp, blocks, block_write_idx, ld_delta, ld_blk_t,
+                   ld_blk_s, tok, per, has_delta, write_block, p_raw, d_raw)
     ss, dt = _src_sums(None, pre, qk, per)
     _warp_sums_to(red, num_blocks, ss, dt)
     cute.arch.barrier()
@@ -355,11 +358,7 @@ def _attn_res_token(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
             cute.arch.griddepcontrol_wait()  # prefix and delta: the previous kernel's output
             _prefix_update(p_row, delta, pre, tmp, blocks, block_write_idx, ld_delta,
                            ld_blk_t, ld_blk_s, tok, per, has_delta, write_block)
-        ss = F32(0.0)
-        dt = F32(0.0)
-        for i in cutlass.range_constexpr(n):
-            ss += src[i] * src[i]
-            dt += src[i] * qk[i]
+        ss, dt = _src_sums(None, src, qk, per)
         ss, dt = _cta_sum2(ss, dt, red, s)
         m, a, b, den = _fold_logit(m, den, ss, dt, h, eps)
         for i in cutlass.range_constexpr(n):
