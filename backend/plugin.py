@@ -1,39 +1,91 @@
 """vLLM plugin of the K3 decode backend (entry point ``vllm.general_plugins: k3_decode``).
 
-One switch: ``--additional-config '{"decode_backend": "k3ft_hopper"}'``. The value is ours alone
-(vLLM's own value is ``latency_specialized``; ``auto`` is stock), so the two never collide.
+One switch: ``--additional-config '{"k3ft_decode": "hopper"}'``. The key is ours alone: vLLM owns
+``decode_backend`` (0.33.0 accepts only ``auto`` / ``latency_specialized`` there and raises at
+model construction for anything else), so we never put a value under a key vLLM reads. With the
+switch on, ``startup`` first checks that the installed vLLM does not read ``k3ft_decode`` itself
+(``vllm_files_reading``) and refuses with one line (``SwitchKeyTaken``) when it does.
 
 ``register()`` runs in every vLLM process before the engine config exists. It is idempotent,
 imports nothing heavy, touches no GPU and, with the switch off, changes nothing. The switch is
-read from the engine config by ``decode_backend(vllm_config)``: by ``register()`` itself when a
+read from the engine config by ``switch_value(vllm_config)``: by ``register()`` itself when a
 config is already current, else by the model adapter at model init (the point where vLLM's own
-``latency_specialized`` is read). ``startup(vllm_config)`` then makes the start-up decision with
+``decode_backend`` is read). ``startup(vllm_config)`` then makes the start-up decision with
 every unmet requirement and writes it to the selection trace.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
-SWITCH_KEY = "decode_backend"
-SWITCH_VALUE = "k3ft_hopper"
-
-_REGISTERED = False
-_ACTIVE_CONFIG_IDS: set[int] = set()
+SWITCH_KEY = "k3ft_decode"
+SWITCH_VALUE = "hopper"
 
 
-def decode_backend(vllm_config: Any) -> str | None:
-    """The ``decode_backend`` value in the engine's ``additional_config`` (None when absent)."""
+class SwitchKeyTaken(ValueError):
+    """The installed vLLM reads our switch key from ``additional_config`` itself."""
+
+
+def switch_value(vllm_config: Any) -> str | None:
+    """The ``k3ft_decode`` value in the engine's ``additional_config`` (None when absent)."""
     extra = getattr(vllm_config, "additional_config", None)
     value = extra.get(SWITCH_KEY) if isinstance(extra, dict) else getattr(extra, SWITCH_KEY, None)
     return None if value is None else str(value)
 
 
 def switch_on(vllm_config: Any) -> bool:
-    """True only when ``decode_backend`` is exactly ``k3ft_hopper``."""
-    return decode_backend(vllm_config) == SWITCH_VALUE
+    """True only when ``k3ft_decode`` is exactly ``hopper``."""
+    return switch_value(vllm_config) == SWITCH_VALUE
+
+
+def string_constants(source: str) -> set[str]:
+    """Every string literal of a Python source (keys read with ``.get("k")``, ``["k"]``, or
+    through a named constant all appear as one)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+            and isinstance(n.value, str)}
+
+
+def vllm_root() -> Path | None:
+    """The installed ``vllm`` package folder, found without importing vLLM."""
+    spec = importlib.util.find_spec("vllm")
+    return Path(spec.origin).parent if spec is not None and spec.origin else None
+
+
+def vllm_files_reading(key: str, root: Path | None = None) -> list[str]:
+    """vLLM source files (relative to ``root``) that handle ``additional_config`` and name
+    ``key`` as a string: the places where vLLM's own config code would read or validate it."""
+    root = root if root is not None else vllm_root()
+    if root is None:
+        return []
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        data = path.read_bytes()
+        if b"additional_config" in data and key.encode() in data:
+            if key in string_constants(data.decode("utf-8", "replace")):
+                found.append(path.relative_to(root.parent).as_posix())
+    return found
+
+
+def check_switch_key_free(root: Path | None = None) -> None:
+    """Raise ``SwitchKeyTaken`` (one line) when the installed vLLM reads ``k3ft_decode``."""
+    files = vllm_files_reading(SWITCH_KEY, root)
+    if files:
+        raise SwitchKeyTaken(
+            f"k3ft: the installed vLLM reads additional_config key {SWITCH_KEY!r} itself "
+            f"({', '.join(files)}); the K3 decode backend will not share a key vLLM owns")
+
+
+_REGISTERED = False
+_ACTIVE_CONFIG_IDS: set[int] = set()
 
 
 def _write_marker() -> None:
@@ -121,10 +173,13 @@ def facts_from_vllm_config(vllm_config: Any, gpu_family: str | None = None) -> A
 
 
 def startup(vllm_config: Any) -> dict[str, object]:
-    """Start-up decision for this engine (every unmet requirement), written to the trace once."""
+    """Start-up decision for this engine (every unmet requirement), written to the trace once.
+
+    Raises ``SwitchKeyTaken`` first when the installed vLLM reads our switch key itself."""
     from backend.k3_decode.selection import startup_record
     from backend.k3_decode.trace import get_writer
 
+    check_switch_key_free()
     record = startup_record(facts_from_vllm_config(vllm_config))
     if id(vllm_config) not in _ACTIVE_CONFIG_IDS:
         _ACTIVE_CONFIG_IDS.add(id(vllm_config))

@@ -4,8 +4,8 @@ Two subprocesses serve the SmolLM2 demo model in-process with ``vllm.LLM`` (enfo
 decode greedily: one with every plugin disabled (``VLLM_PLUGINS=""``: vLLM 0.32.0 loads only the
 ``vllm.general_plugins`` entry points named in that comma-separated list), one with plugins
 enabled (``VLLM_PLUGINS`` unset: all installed plugins load, ours included) and no
-``decode_backend`` key. Token ids must be identical, and the marker file that ``register()``
-writes proves our plugin loaded in the second run and not in the first.
+``k3ft_decode`` key (our switch). Token ids must be identical, and the marker file that
+``register()`` writes proves our plugin loaded in the second run and not in the first.
 Run by hand under ``flock /tmp/k3ft-vllm.lock``.
 """
 

@@ -9,6 +9,11 @@ fi
 if [ ! -d .gpu-site/nvidia_cutlass_dsl ]; then
   mkdir -p .gpu-site && tar xJf .gpu-kit/cutedsl-4.8.1-cu13-cp312.tar.xz -C .gpu-site
 fi
+# prepare.sh packs the kit's fla-core folder as fla.tar.xz (4.6 MB of sources -> 0.4 MB) so the
+# kit, the wheels and the tree fit one call's 64 MiB
+if [ -f .gpu-kit/fla.tar.xz ] && [ ! -d .gpu-site/fla ]; then
+  tar xJf .gpu-kit/fla.tar.xz -C .gpu-site
+fi
 if [ -d .gpu-wheels ] && [ ! -d /tmp/k3ft-site/pydantic ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/k3ft-site \
     .gpu-wheels/*.whl

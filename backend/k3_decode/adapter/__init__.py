@@ -8,6 +8,8 @@
   ``sync_conv_from_stock_``) cover where vLLM's layout or verify semantics differ from ours.
 - ``step_inputs_from_metadata`` (``step_query_len``): one step's KDA and MLA attention metadata ->
   ``StepInputs``; ``StepNotSupported`` lists why a step must run stock.
+- ``layer_metadata`` / ``layer_step_inputs`` / ``LayerSlotOps``: vLLM's KV cache groups give each
+  group of layers its own slot table; every KDA / MLA layer runs on its own group's slots.
 - ``standin`` (not imported here): a CPU stand-in of the loaded model, its caches and metadata.
 
 Everything here only reads vLLM objects by attribute (vLLM itself is never imported), so with the
@@ -25,6 +27,12 @@ from backend.k3_decode.adapter.caches import (
     sync_conv_to_stock_,
 )
 from backend.k3_decode.adapter.errors import AdapterError
+from backend.k3_decode.adapter.groups import (
+    LayerSlotOps,
+    LayerStep,
+    layer_metadata,
+    layer_step_inputs,
+)
 from backend.k3_decode.adapter.metadata import (
     StepNotSupported,
     step_inputs_from_metadata,
@@ -35,6 +43,8 @@ from backend.k3_decode.adapter.weights import AdaptedWeights, adapt_weights, wei
 __all__ = [
     "AdaptedWeights",
     "AdapterError",
+    "LayerSlotOps",
+    "LayerStep",
     "StepNotSupported",
     "adapt_weights",
     "caches_from_vllm",
@@ -42,6 +52,8 @@ __all__ = [
     "conv_ours_to_ds_",
     "kda_caches_from_vllm",
     "kernel_layout_gaps",
+    "layer_metadata",
+    "layer_step_inputs",
     "mla_caches_from_vllm",
     "step_inputs_from_metadata",
     "step_query_len",

@@ -34,7 +34,7 @@ ConvLayout = Literal["SD", "DS"]
 FP8_NAMES = ("fp8", "fp8_e4m3")
 
 
-def _attention_layers(model: Any, kind: str) -> Iterator[tuple[int, str, Any]]:
+def attention_layers(model: Any, kind: str) -> Iterator[tuple[int, str, Any]]:
     """``(layer index, path, self_attn)`` of every KDA (``in_proj_qkvgfab``) or MLA layer."""
     text, root = text_model(model)
     backbone = getattr(text, "model", None)
@@ -76,7 +76,7 @@ def _kda_caches(model: Any, cfg: K3Config, p: Problems, conv_layout: ConvLayout 
                 ) -> dict[int, KdaCache]:
     k, out = cfg.kda, {}
     channels, width = k.qkv_channels, k.conv_width - 1
-    for index, path, attn in _attention_layers(model, "kda"):
+    for index, path, attn in attention_layers(model, "kda"):
         caches = getattr(attn, "kv_cache", None)
         where = f"{path}.kv_cache"
         if not isinstance(caches, (tuple, list)) or len(caches) < 2:
@@ -123,7 +123,7 @@ def _mla_scale(p: Problems, attn: Any, where: str, device: torch.device) -> torc
 
 def _mla_caches(model: Any, cfg: K3Config, p: Problems) -> dict[int, MlaCache]:
     out, latent = {}, cfg.mla.latent_dim
-    for index, path, attn in _attention_layers(model, "mla"):
+    for index, path, attn in attention_layers(model, "mla"):
         cache, where = getattr(attn, "kv_cache", None), f"{path}.kv_cache"
         name = str(getattr(attn, "kv_cache_dtype", "auto"))
         if not isinstance(cache, torch.Tensor) or cache.dim() != 3 or cache.shape[2] != latent:

@@ -124,6 +124,9 @@ def decoder(c: K3Config, i: int, gen: torch.Generator, buffers: bool) -> nn.Modu
     """``KimiDecoderLayer`` ``i`` (MLA where the config says, dense MLP at layer 0)."""
     d, h = nn.Module(), c.hidden
     d.self_attn = mla_attn(c, gen) if i in c.mla_layers else kda_attn(c, gen, buffers)
+    # the name vLLM keys the layer's step metadata by (KDA: prefix, MLA: layer_name)
+    name = "layer_name" if i in c.mla_layers else "prefix"
+    setattr(d.self_attn, name, f"model.layers.{i}.self_attn")
     if i == 0:
         inter = c.dense_intermediate // c.tp
         d.mlp = nn.Module()
@@ -165,15 +168,19 @@ def multimodal(text: nn.Module) -> nn.Module:
 
 
 def bind_kda(attn: nn.Module, c: K3Config, slots: int, num_spec: int, layout: str = "SD",
-             pad_bytes: int = 96, seed: int = 0) -> torch.Tensor:
-    """One raw int8 page per slot split as ``MambaBase.bind_kv_cache`` does: conv, then state."""
+             pad_bytes: int = 96, seed: int = 0, pages: torch.Tensor | None = None
+             ) -> torch.Tensor:
+    """One raw int8 page per slot split as ``MambaBase.bind_kv_cache`` does: conv, then state.
+
+    ``pages`` (``[slots, page_bytes]`` int8, e.g. a view of memory other layers alias) replaces
+    the fresh zeroed pages; the states are filled with seeded values either way."""
     k = c.kda
     conv_shape = ((k.conv_width - 1 + num_spec, k.qkv_channels) if layout == "SD"
                   else (k.qkv_channels, k.conv_width - 1 + num_spec))
     shapes = (conv_shape, (k.num_heads, k.head_dim, k.head_dim))
     sizes = [torch.Size(s).numel() * d.itemsize for s, d in zip(shapes, (BF, F32))]
     gen = torch.Generator().manual_seed(seed)
-    raw = torch.zeros(slots, sum(sizes) + pad_bytes, dtype=torch.int8)
+    raw = torch.zeros(slots, sum(sizes) + pad_bytes, dtype=torch.int8) if pages is None else pages
     states, offset = [], 0
     for shape, dtype, n in zip(shapes, (BF, F32), sizes):
         states.append(raw[:, offset:offset + n].view(dtype).view(-1, *shape))

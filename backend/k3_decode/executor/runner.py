@@ -21,7 +21,7 @@ from backend.k3_decode.executor.state import DecodeCaches, StepInputs
 from backend.k3_decode.executor.weights import ModelWeights
 from backend.k3_decode.selection import StepDecision, step_decision
 
-SWITCH_OFF = "decode_backend switch off: stock-equivalent executor"
+SWITCH_OFF = "k3ft_decode switch off: stock-equivalent executor"
 
 
 def _clone_inputs(inp: StepInputs) -> StepInputs:
