@@ -174,8 +174,9 @@ def test_environment_change_marks_every_point_incomparable(tmp_path: Path) -> No
     assert any("vllm" in r for r in d.incomparable_reasons)
     assert d.perf and not any(p.comparable for p in d.perf)
     assert d.regressions == ()  # a slowdown under different conditions is not evidence
-    code, out, _ = _cli(str(old), str(new))
-    assert code == 0 and "incomparable" in out
+    code, out, err = _cli(str(old), str(new))
+    assert code == 4 and "incomparable" in out  # nothing compared is not "no regression"
+    assert "perf: 0 of 8 point metrics comparable" in err
     assert out.index("Configuration and environment") < out.index("## Perf")
 
 
@@ -225,7 +226,8 @@ def test_missing_files_are_reported_as_absent_not_errors(tmp_path: Path) -> None
         ("evals/gsm8k/candidate.jsonl", "new"),
     } <= absent
     assert "absent in new" in render_markdown(d)
-    assert _cli(str(old), str(new))[0] == 0
+    assert d.incomplete == ("perf: 0 of 8 point metrics comparable (no perf samples in new)",)
+    assert _cli(str(old), str(new))[0] == 4  # the new bundle's perf cannot be compared
 
 
 def test_not_a_bundle_is_one_line_exit_2(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""``k3ft diff OLD NEW``: configuration differences first, then every metric with statistics."""
+"""``k3ft diff OLD NEW``: verdict and tiers first, then configuration, then every metric."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from typing import Annotated
 
 import typer
 
-from k3fasttrack.errors import EXIT_FAIL, EXIT_PASS, K3ftError, UsageError
+from k3fasttrack.errors import (
+    EXIT_FAIL, EXIT_INCOMPLETE, EXIT_PASS, K3ftError, UsageError, VerificationError,
+)
 
 
 def _fraction(value: float, name: str) -> float:
@@ -32,12 +34,23 @@ def diff_command(
     eval_threshold: Annotated[
         float, typer.Option(help="Evals: absolute drop of the mean score flagged only above this.")
     ] = 0.01,
+    allowed_signers: Annotated[
+        Path | None,
+        typer.Option(
+            "--allowed-signers",
+            help="Verify both bundles against this allowed_signers file first (without it the "
+            "diff is marked UNVERIFIED).",
+        ),
+    ] = None,
 ) -> None:
-    """Compare two bundles. Exit 1 when a metric regressed beyond the thresholds, else 0.
+    """Compare two bundles: verdict, tiers and case counts first, then configuration field by
+    field, then every metric with statistics.
 
-    Configuration and environment differences come first; perf points measured under different
-    conditions (GPU, driver, CUDA, vLLM/torch, served model, point parameters) are marked
-    incomparable and never count as regressions. Diff reads bundles; it does not verify them.
+    Perf points measured under different conditions (GPU, driver, CUDA, vLLM/torch, served
+    model, server configuration, point parameters) are marked incomparable and never count as
+    regressions. Exit 1 when a bundle does not verify, a tier newly FAILs or a metric regressed
+    beyond the thresholds; 4 when what the bundles hold could not be compared (e.g. no perf
+    point comparable); else 0.
     """
     from k3fasttrack.diff import diff_bundles, render_markdown
 
@@ -48,22 +61,25 @@ def diff_command(
             practical=_fraction(practical, "practical"),
             alpha=_fraction(alpha, "alpha"),
             eval_threshold=_fraction(eval_threshold, "eval-threshold"),
+            allowed_signers=allowed_signers,
         )
     except K3ftError as exc:
-        typer.echo(f"error: {exc.one_line()}", err=True)
+        label = "diff refused" if isinstance(exc, VerificationError) else "error"
+        typer.echo(f"{label}: {exc.one_line()}", err=True)
         raise typer.Exit(exc.exit_code) from None
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
     else:
         typer.echo(render_markdown(result), nl=False)
     n = len(result.regressions)
-    typer.echo(
-        f"k3ft diff: {n} regression(s) beyond the thresholds"
-        if n
-        else "k3ft diff: no regression beyond the thresholds",
-        err=True,
-    )
-    raise typer.Exit(EXIT_FAIL if n else EXIT_PASS)
+    if n:
+        line, code = f"{n} regression(s) beyond the thresholds", EXIT_FAIL
+    elif result.incomplete:
+        line, code = "not comparable: " + "; ".join(result.incomplete), EXIT_INCOMPLETE
+    else:
+        line, code = "no regression beyond the thresholds", EXIT_PASS
+    typer.echo(f"k3ft diff ({result.verification.split(':')[0]}): {line}", err=True)
+    raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:

@@ -10,8 +10,12 @@ from typing import Annotated
 
 import typer
 
-from k3fasttrack.errors import EXIT_CODES_HELP, EXIT_INFRA, EXIT_PASS
+from k3fasttrack.errors import EXIT_CODES_HELP, EXIT_INFRA, EXIT_PASS, UsageError
 from k3fasttrack.models.plan import Plan
+from k3fasttrack.pipeline.invocation import (
+    Invocation, profile_path, recorded_invocation, redact_argv, refuse_finished_signed,
+    resume_hint, resume_invocation, split_options,
+)
 from k3fasttrack.profiles import load_profile
 
 
@@ -23,6 +27,25 @@ def _default_out(profile: str, tp: int, resume: bool) -> Path:
         if found:
             return found[-1]
     return runs / (prefix + time.strftime("%Y%m%d-%H%M%S"))
+
+
+def _resumed(out: Path, given: Invocation, tp: int | None, sign: bool | None,
+             secrets: dict[str, str]) -> Invocation:
+    """The invocation a resume runs: the one recorded in ``out`` (a run that predates the
+    recording resumes with what is given now)."""
+    refuse_finished_signed(out)
+    recorded = recorded_invocation(out)
+    if recorded is None:
+        return _completed(given, tp)
+    return resume_invocation(recorded, given, tp, sign, secrets)
+
+
+def _completed(given: Invocation, tp: int | None) -> Invocation:
+    """The given invocation with the profile's defaults filled in (its name, its smallest TP)."""
+    prof = load_profile(given.profile_ref or None)
+    return given.model_copy(update={
+        "profile": given.profile or prof.name,
+        "tp": tp if tp is not None else min(prof.bounds.tp_sizes)})
 
 
 def _print_plan(plan: Plan, as_json: bool) -> None:
@@ -78,33 +101,40 @@ def validate_command(
         "switch.")] = None,
     candidate_probe: Annotated[Path | None, typer.Option(
         help="Attach mode: the candidate's probe-plugin JSON.")] = None,
-    sign: Annotated[bool, typer.Option(help="Sign the bundle here (--no-sign on a GPU host "
-                                       "that must not hold the key; then `k3ft sign OUT`).")]
-    = True,
+    sign: Annotated[bool | None, typer.Option("--sign/--no-sign", help="Sign the bundle here "
+                    "(default; --no-sign on a GPU host that must not hold the key; then `k3ft "
+                    "sign OUT`).")] = None,
 ) -> None:
     """Plan, preflight, run the profile's tiers, then write and sign the bundle.
 
     A tier that is not built or cannot run here is NOT_RUN with its reason, and the verdict is
     then INCOMPLETE. Preflight lists every unmet requirement at once.
     """
-    from k3fasttrack.pipeline.validate import (
-        ValidateOptions, make_plan, preflight, run_validate,
-    )
+    from k3fasttrack.pipeline.validate import ValidateOptions, make_plan, preflight, run_validate
 
-    prof = load_profile(profile)
-    tp_size = tp if tp is not None else min(prof.bounds.tp_sizes)
-    tier_options = {k: (str(v) if isinstance(v, Path) else v) for k, v in dict(
+    if (baseline_url is None) != (candidate_url is None):
+        raise UsageError("attach mode needs both --baseline-url and --candidate-url")
+    plain, secrets = split_options(dict(
         repo=repo, base=base, head=head, selection_trace=selection_trace, gpqa_zip=gpqa_zip,
         gpqa_password=gpqa_password, tokenizer=tokenizer, mrcr_dir=mrcr_dir,
         datasets=datasets, baseline_url=baseline_url, candidate_url=candidate_url,
-        baseline_probe=baseline_probe, candidate_probe=candidate_probe).items()
-        if v is not None}
-    if (baseline_url is None) != (candidate_url is None):
-        from k3fasttrack.errors import UsageError
-
-        raise UsageError("attach mode needs both --baseline-url and --candidate-url")
-    command = ("k3ft", *sys.argv[1:])
-    plan = make_plan(prof, tp_size, tier_options, command)
+        baseline_probe=baseline_probe, candidate_probe=candidate_probe))
+    given = Invocation(profile=profile or "", profile_path=profile_path(profile or ""),
+                       tp=tp or 0, options=plain, secrets=tuple(secrets),
+                       key=str(key.resolve()) if key is not None else None, sign=sign is not False,
+                       command=redact_argv(("k3ft", *sys.argv[1:])))
+    run_out = out
+    if resume and not dry_run:
+        if run_out is None:
+            first = _completed(given, tp)
+            run_out = _default_out(load_profile(first.profile_ref).name, first.tp, resume)
+        invocation = _resumed(run_out, given, tp, sign, secrets)
+    else:
+        invocation = _completed(given, tp)
+    prof = load_profile(invocation.profile_ref)
+    tp_size = invocation.tp
+    tier_options: dict[str, object] = {**invocation.options, **secrets}
+    plan = make_plan(prof, tp_size, tier_options, invocation.command)
     if dry_run:
         _print_plan(plan, as_json)
         try:
@@ -114,20 +144,23 @@ def validate_command(
         except Exception as exc:  # a dry run reports, it does not refuse
             typer.echo(f"k3ft: {getattr(exc, 'message', exc)}", err=True)
         raise typer.Exit(EXIT_PASS)
-    if key is not None and sign:
+    signing_key = Path(invocation.key) if invocation.key is not None else None
+    if signing_key is not None and invocation.sign:
         from k3fasttrack.bundle import load_signing_key
 
-        load_signing_key(key)  # a missing or unusable key is refused before hours of work
+        load_signing_key(signing_key)  # a missing or unusable key is refused before hours of work
     env = preflight(prof, tp_size)
-    run_out = out or _default_out(prof.name, tp_size, resume)
-    opts = ValidateOptions(profile=prof, tp=tp_size, out=run_out, resume=resume, key=key,
-                           command=command, tier_options=tier_options, sign=sign)
+    run_out = run_out or _default_out(prof.name, tp_size, False)
+    opts = ValidateOptions(profile=prof, tp=tp_size, out=run_out, resume=resume,
+                           key=signing_key, command=invocation.command,
+                           tier_options=tier_options, sign=invocation.sign,
+                           invocation=invocation)
     typer.echo(f"k3ft: run folder {run_out}", err=True)
     try:
         result = run_validate(opts, plan, env)
     except KeyboardInterrupt:
-        typer.echo(f"k3ft: interrupted; finished cells are kept. Continue with: k3ft validate "
-                   f"--profile {prof.name} --tp {tp_size} --out {run_out} --resume", err=True)
+        typer.echo("k3ft: interrupted; finished cells are kept. Continue with: "
+                   + resume_hint(run_out, invocation), err=True)
         raise typer.Exit(130) from None
     if as_json:
         typer.echo(json.dumps(result.as_json(), indent=1))
@@ -144,12 +177,16 @@ def sign_command(
     out: Annotated[Path, typer.Argument(help="Run folder written by k3ft validate --no-sign.")],
     key: Annotated[Path | None, typer.Option(help="OpenSSH ed25519 signing key.")] = None,
 ) -> None:
-    """Sign a finished run's bundle and write its deterministic archive."""
+    """Sign a finished run's bundle and write its deterministic archive. A run folder whose
+    records contradict its raw evidence (a tier's status, a planned tier without a report,
+    verdict.json) is refused, exit 1."""
+    from k3fasttrack.bundle.recheck import recheck_folder
     from k3fasttrack.errors import BundleFormatError
     from k3fasttrack.pipeline.validate import sign_run
 
     if not (out / "bundle" / "verdict.json").is_file():
         raise BundleFormatError(f"{out}: not a finished k3ft run (no bundle/verdict.json)")
+    recheck_folder(out / "bundle")
     archive, digest, root = sign_run(out, key)
     typer.echo(f"k3ft: signed {out / 'bundle'} (root {root}); archive {archive} sha256 {digest}",
                err=True)

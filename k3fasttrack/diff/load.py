@@ -11,11 +11,11 @@ import tarfile
 import tempfile
 import zlib
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -53,6 +53,21 @@ class LoadedBundle:
     absent: list[str] = field(default_factory=list)
     raw: dict[str, object] = field(default_factory=dict)
     """Top file name -> its parsed JSON (the configuration diff works on these)."""
+    verdict: dict[str, Any] | None = None
+    """``verdict.json`` as written (outcome and per-tier status)."""
+    reports: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Tier name -> its report as written (statuses, checks and case counts)."""
+    perf_configs: dict[tuple[str, str], PerfConfig] = field(default_factory=dict)
+    """(point, side) -> the configuration that side's digest was computed from."""
+
+
+@dataclass(frozen=True)
+class PerfConfig:
+    """One side of one perf point: the configuration digest and, when the bundle records it,
+    the configuration itself (``cells/<cell>.json`` -> ``sides.<side>.server_config``)."""
+
+    digest: str | None
+    config: dict[str, Any] | None
 
 
 def _check_member(member: tarfile.TarInfo, archive: Path) -> None:
@@ -178,41 +193,92 @@ def load_bundle(root: Path, label: str) -> LoadedBundle:
     else:
         bundle.absent.append(PERF_SAMPLES)
     _read_evals(root, bundle)
-    bundle.perf_report = _read_perf_report(root, label)
+    bundle.reports, perf_rel = _read_reports(root, label)
+    bundle.perf_report = _perf_report(bundle.reports.get("perf"), label, perf_rel)
+    bundle.verdict = _read_dict(root, "verdict.json", label)
+    bundle.perf_configs = _read_perf_configs(root, label)
     return bundle
 
 
 def _report_paths(root: Path) -> list[str]:
-    """Report paths listed in ``run.json`` (unparsable run.json: none), then the fallback."""
+    """Report paths listed in ``run.json`` (unparsable run.json: none), then ``reports/*``."""
     paths: list[str] = []
     try:
         listed = json.loads((root / "run.json").read_bytes()).get("reports", [])
         paths = [p for p in listed if isinstance(p, str)]
     except (OSError, ValueError, AttributeError):
         pass
-    return [*paths, PERF_REPORT_FALLBACK]
+    found = sorted(f"reports/{p.name}" for p in (root / "reports").glob("*.json"))
+    return list(dict.fromkeys([*paths, PERF_REPORT_FALLBACK, *found]))
 
 
-def _read_perf_report(root: Path, label: str) -> PerfReport | None:
-    """The bundle's perf report (the first report whose ``tier`` is ``perf``), if any."""
+def _read_dict(root: Path, rel: str, label: str) -> dict[str, Any] | None:
+    """A JSON object file as written; None when absent or unsafe, an error when unparsable."""
+    name = PurePosixPath(rel)
+    if name.is_absolute() or ".." in name.parts or not root.joinpath(*name.parts).is_file():
+        return None
+    try:
+        data = json.loads(root.joinpath(*name.parts).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise BundleFormatError(f"{label}/{rel}: unreadable JSON ({exc})") from None
+    return data if isinstance(data, dict) else None
+
+
+def _read_reports(root: Path, label: str) -> tuple[dict[str, dict[str, Any]], str]:
+    """Tier -> report (the first found per tier), and the perf report's path."""
+    reports: dict[str, dict[str, Any]] = {}
+    perf_rel = PERF_REPORT_FALLBACK
     for rel in _report_paths(root):
-        name = PurePosixPath(rel)
-        if name.is_absolute() or ".." in name.parts or not root.joinpath(*name.parts).is_file():
+        data = _read_dict(root, rel, label)
+        tier = data.get("tier") if data is not None else None
+        if isinstance(tier, str) and tier not in reports and data is not None:
+            reports[tier] = data
+            perf_rel = rel if tier == "perf" else perf_rel
+    return reports, perf_rel
+
+
+def _perf_report(data: dict[str, Any] | None, label: str, rel: str) -> PerfReport | None:
+    """The perf report as the model reads it (per-point parameters and side conditions)."""
+    if data is None:
+        return None
+    try:
+        return PerfReport.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(root)"
+        raise BundleFormatError(f"{label}/{rel}: field {where}: {err['msg']}") from None
+
+
+def _read_perf_configs(root: Path, label: str) -> dict[tuple[str, str], PerfConfig]:
+    """Per (point, side): the configuration digest and the recorded configuration, from the
+    perf cells (``cells/*.json`` holding a ``point`` and its ``sides``)."""
+    out: dict[tuple[str, str], PerfConfig] = {}
+    for file in sorted((root / "cells").glob("*.json")):
+        cell = _read_dict(root, f"cells/{file.name}", label) or {}
+        point, sides = cell.get("point"), cell.get("sides")
+        if not isinstance(point, str) or not isinstance(sides, dict):
             continue
-        file = root.joinpath(*name.parts)
-        try:
-            data = json.loads(file.read_bytes())
-        except (OSError, ValueError) as exc:
-            raise BundleFormatError(f"{label}/{rel}: unreadable JSON ({exc})") from None
-        if not isinstance(data, dict) or data.get("tier") != "perf":
-            continue
-        try:
-            return PerfReport.model_validate(data)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"]) or "(root)"
-            raise BundleFormatError(f"{label}/{rel}: field {where}: {err['msg']}") from None
-    return None
+        for side, data in sides.items():
+            if not isinstance(data, dict):
+                continue
+            conditions = data.get("conditions")
+            digest = conditions.get("server_config_sha256") if isinstance(conditions, dict) else None
+            config = data.get("server_config")
+            out[(point, str(side))] = PerfConfig(
+                digest=digest if isinstance(digest, str) else None,
+                config=config if isinstance(config, dict) else None,
+            )
+    return out
+
+
+def flatten(value: object, prefix: str = "") -> dict[str, object]:
+    """Dotted leaf paths of nested dicts; lists and scalars are leaves."""
+    if isinstance(value, Mapping) and value:
+        out: dict[str, object] = {}
+        for key in sorted(value):
+            out.update(flatten(value[key], f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix or "(root)": value}
 
 
 def json_text(value: object) -> str:

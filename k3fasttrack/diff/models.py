@@ -9,7 +9,8 @@ from k3fasttrack.models.samples import Side
 from k3fasttrack.stats.models import Comparison, PairedComparison
 
 BundleSide = Literal["old", "new"]
-Section = Literal["environment", "profile", "plan"]
+Section = Literal["environment", "profile", "plan", "perf config"]
+UNVERIFIED = "UNVERIFIED"
 
 
 class FieldChange(Record):
@@ -21,6 +22,37 @@ class FieldChange(Record):
     old: str | None
     new: str | None
     """JSON text of the value; None when the field is absent on that side."""
+    where: str | None = None
+    """For a perf configuration field: the points and sides it differs on."""
+
+
+class CountChange(Record):
+    """A count of one tier in both bundles, as ``passed/total`` (None when not recorded)."""
+
+    what: str
+    old: str | None
+    new: str | None
+
+
+class TierChange(Record):
+    """One tier's status (and its counts) in the old and the new bundle."""
+
+    tier: str
+    old: str | None
+    new: str | None
+    """Status (PASS, FAIL, INCOMPLETE, NOT_RUN); None when the bundle has no such tier."""
+    old_reason: str | None = None
+    new_reason: str | None = None
+    counts: tuple[CountChange, ...] = ()
+
+
+class OutcomeChange(Record):
+    """The verdict and every tier of both bundles (shown before anything else)."""
+
+    old: str | None
+    new: str | None
+    """Verdict outcome; None when the bundle has no ``verdict.json``."""
+    tiers: tuple[TierChange, ...]
 
 
 class Absence(Record):
@@ -62,10 +94,11 @@ class EvalDelta(Record):
 class Regression(Record):
     """A metric that got worse beyond the thresholds."""
 
-    kind: Literal["perf", "evals"]
+    kind: Literal["tier", "perf", "evals"]
     key: str
-    """``point/metric`` for perf, the suite name for evals."""
-    side: Side
+    """The tier name, ``point/metric`` for perf, the suite name for evals."""
+    side: Side | None
+    """None for a tier."""
     detail: str
 
 
@@ -84,13 +117,24 @@ class BundleDiff(Artefact):
     """Everything ``k3ft diff OLD NEW`` found, in the order it is shown."""
 
     kind: Literal["k3ft-diff"] = "k3ft-diff"
+    verification: str
+    """``UNVERIFIED`` unless both bundles were verified against an allowed_signers file first
+    (then ``verified against FILE: old by P, new by P``)."""
     old: str
     new: str
     settings: DiffSettings
+    outcome: OutcomeChange
     config_changes: tuple[FieldChange, ...]
+    config_notes: tuple[str, ...] = ()
+    """What could not be compared field by field (e.g. a configuration recorded only as a digest)."""
     incomparable_reasons: tuple[str, ...]
     """Condition differences that make every perf point incomparable (GPU, driver, versions...)."""
     absent: tuple[Absence, ...]
     perf: tuple[PerfDelta, ...]
     evals: tuple[EvalDelta, ...]
     regressions: tuple[Regression, ...]
+    perf_comparable: int = 0
+    perf_total: int = 0
+    """Perf (point, metric, side) keys that are comparable, of all keys in either bundle."""
+    incomplete: tuple[str, ...] = ()
+    """What the bundles hold that the diff could not compare (non-empty: exit 4)."""

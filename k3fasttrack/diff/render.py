@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from k3fasttrack.diff.models import BundleDiff, EvalDelta, PerfDelta
+from k3fasttrack.diff.models import UNVERIFIED, BundleDiff, EvalDelta, PerfDelta, TierChange
 
 _MAX_CELL = 60
 
@@ -19,14 +19,43 @@ def _cell(text: str | None) -> str:
     return text if len(text) <= _MAX_CELL else text[: _MAX_CELL - 3] + "..."
 
 
+def _verification(diff: BundleDiff) -> list[str]:
+    if diff.verification == UNVERIFIED:
+        return ["**UNVERIFIED**: neither bundle was verified (give --allowed-signers FILE to "
+                "verify both first); what follows may come from altered files.", ""]
+    return [f"Verified: {diff.verification}.", ""]
+
+
+def _tier_row(t: TierChange) -> str:
+    mark = "" if t.old == t.new else " **changed**"
+    counts = "; ".join(
+        f"{c.what} {c.old or 'n/a'} -> {c.new or 'n/a'}" for c in t.counts
+    )
+    return f"| {t.tier} | {t.old or '(absent)'} | {t.new or '(absent)'}{mark} | {counts} |"
+
+
+def _outcome(diff: BundleDiff) -> list[str]:
+    o = diff.outcome
+    mark = "" if o.old == o.new else " **changed**"
+    lines = ["## Verdict and tiers", "", "| | old | new | counts |", "|---|---|---|---|",
+             f"| verdict | {o.old or '(absent)'} | {o.new or '(absent)'}{mark} | |"]
+    lines += [_tier_row(t) for t in o.tiers]
+    changed = [t for t in o.tiers if t.old != t.new or t.old_reason != t.new_reason]
+    lines += [""] + [f"- {t.tier}: {t.old_reason or '(absent)'} -> {t.new_reason or '(absent)'}"
+                     for t in changed]
+    return lines + ([""] if changed else [])
+
+
 def _config(diff: BundleDiff) -> list[str]:
     lines = ["## Configuration and environment", ""]
+    notes = [f"- {n}" for n in diff.config_notes] + ([""] if diff.config_notes else [])
     if not diff.config_changes:
-        return [*lines, "No differences.", ""]
-    lines += ["| section | field | old | new |", "|---|---|---|---|"]
+        return [*lines, "No differences.", "", *notes]
+    lines += ["| section | field | old | new | where |", "|---|---|---|---|---|"]
     for c in diff.config_changes:
-        lines.append(f"| {c.section} | {_cell(c.key)} | {_cell(c.old)} | {_cell(c.new)} |")
-    return [*lines, ""]
+        lines.append(f"| {c.section} | {_cell(c.key)} | {_cell(c.old)} | {_cell(c.new)} | "
+                     f"{c.where or ''} |")
+    return [*lines, "", *notes]
 
 
 def _conditions(diff: BundleDiff) -> list[str]:
@@ -57,6 +86,8 @@ def _perf(diff: BundleDiff) -> list[str]:
     if not diff.perf:
         return [*lines, "No perf samples in both bundles.", ""]
     lines += [
+        f"{diff.perf_comparable} of {diff.perf_total} point metrics comparable.",
+        "",
         f"Mann-Whitney U two-sided, alpha {diff.settings.alpha}; practical threshold "
         f"{diff.settings.practical:.1%}; bootstrap 95% interval of the ratio of medians.",
         "",
@@ -100,14 +131,28 @@ def _evals(diff: BundleDiff) -> list[str]:
 
 def _regressions(diff: BundleDiff) -> list[str]:
     lines = ["## Regressions", ""]
-    if not diff.regressions:
-        return [*lines, "None beyond the thresholds."]
-    return lines + [f"- {r.kind} {r.key} ({r.side}): {r.detail}" for r in diff.regressions]
+    if diff.regressions:
+        lines += [f"- {r.kind} {r.key}{f' ({r.side})' if r.side else ''}: {r.detail}"
+                  for r in diff.regressions]
+    elif diff.incomplete:
+        lines.append("Not known: the bundles could not be compared (see Not comparable).")
+    else:
+        lines.append("None beyond the thresholds.")
+    return lines
+
+
+def _incomplete(diff: BundleDiff) -> list[str]:
+    if not diff.incomplete:
+        return []
+    lines = ["", "## Not comparable", ""]
+    return lines + [f"- {r}" for r in diff.incomplete]
 
 
 def render_markdown(diff: BundleDiff) -> str:
-    """The diff as markdown: configuration, conditions and absences, perf, evals, regressions."""
-    lines = ["# k3ft diff", "", f"- old: `{diff.old}`", f"- new: `{diff.new}`", ""]
-    for part in (_config, _conditions, _perf, _evals, _regressions):
+    """The diff as markdown: verification, verdict and tiers, configuration, conditions and
+    absences, perf, evals, regressions, what could not be compared."""
+    lines = [*_verification(diff), "# k3ft diff", "", f"- old: `{diff.old}`",
+             f"- new: `{diff.new}`", ""]
+    for part in (_outcome, _config, _conditions, _perf, _evals, _regressions, _incomplete):
         lines += part(diff)
     return "\n".join(lines) + "\n"

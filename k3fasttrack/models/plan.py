@@ -27,4 +27,4 @@ class Plan(Artefact):
     tiers: tuple[TierName, ...]
     cells: tuple[Cell, ...]
     command: tuple[str, ...]
-    """The exact command line that produced this plan."""
+    """The command line that produced this plan, secret values redacted."""

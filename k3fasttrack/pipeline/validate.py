@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import traceback
@@ -24,6 +23,9 @@ from k3fasttrack.models.verdict import Verdict
 from k3fasttrack.pipeline.atomic import write_bytes_atomic, write_json_atomic
 from k3fasttrack.pipeline.cells import CellStore
 from k3fasttrack.pipeline.context import NotRunnable, TierContext
+from k3fasttrack.pipeline.invocation import (
+    STATE_FILE, Invocation, read_state, refuse_finished_signed,
+)
 from k3fasttrack.pipeline.preflight import unmet_requirements
 from k3fasttrack.pipeline.progress import StderrProgress
 from k3fasttrack.pipeline.verdict import compute_verdict
@@ -44,6 +46,8 @@ class ValidateOptions:
     quiet: bool = False
     sign: bool = True
     """False: leave the bundle unsigned (GPU hosts without the key); ``k3ft sign`` later."""
+    invocation: Invocation | None = None
+    """Recorded in the run folder so that ``--resume`` reruns exactly this."""
 
 
 @dataclass
@@ -93,19 +97,30 @@ def preflight(profile: Profile, tp: int) -> Environment:
 
 
 def _prepare_out(opts: ValidateOptions, plan: Plan) -> None:
-    state = opts.out / "state.json"
+    """Check a resumed run folder (never a finished, signed one) or record a new run's
+    invocation in ``state.json``."""
     if opts.resume:
-        if not state.exists():
-            raise UsageError(f"--resume: {opts.out} holds no k3ft run to resume")
-        old = json.loads(state.read_text())
-        if (old["profile"], old["tp"]) != (plan.profile, plan.tp):
-            raise UsageError(f"--resume: {opts.out} is a run of profile {old['profile']} TP"
-                             f"{old['tp']}, not {plan.profile} TP{plan.tp}")
+        old = read_state(opts.out)
+        refuse_finished_signed(opts.out)
+        if (old.get("profile"), old.get("tp")) != (plan.profile, plan.tp):
+            raise UsageError(f"--resume: {opts.out} is a run of profile {old.get('profile')} TP"
+                             f"{old.get('tp')}, not {plan.profile} TP{plan.tp}")
+        recorded = opts.out / "bundle" / "profile.json"
+        if recorded.is_file() and recorded.read_bytes() != _profile_json(opts.profile):
+            raise UsageError(f"--resume: the profile changed since {opts.out} started",
+                             hint="start a new run with another --out")
         return
     if opts.out.exists() and any(opts.out.iterdir()):
         raise UsageError(f"{opts.out} already holds a run",
                          hint="pass --resume to continue it, or another --out")
-    write_json_atomic(state, {"profile": plan.profile, "tp": plan.tp})
+    state: dict[str, Any] = {"profile": plan.profile, "tp": plan.tp}
+    if opts.invocation is not None:
+        state["invocation"] = opts.invocation.model_dump(mode="json")
+    write_json_atomic(opts.out / STATE_FILE, state)
+
+
+def _profile_json(profile: Profile) -> bytes:
+    return profile.model_dump_json(indent=1).encode()
 
 
 def not_run(tier: TierName, reason: str, status: str = "NOT_RUN") -> TierReport:
@@ -135,7 +150,7 @@ def _run_tier(tier: TierName, ctx: TierContext, infra: list[str]) -> TierReport:
 
 def _write_meta(bundle: Path, opts: ValidateOptions, plan: Plan, env: Environment) -> None:
     write_bytes_atomic(bundle / "plan.json", plan.model_dump_json(indent=1).encode())
-    write_bytes_atomic(bundle / "profile.json", opts.profile.model_dump_json(indent=1).encode())
+    write_bytes_atomic(bundle / "profile.json", _profile_json(opts.profile))
     write_bytes_atomic(bundle / "environment.json", env.model_dump_json(indent=1).encode())
 
 
@@ -214,8 +229,4 @@ def sign_run(out: Path, key: Path | None) -> tuple[Path, str, str]:
                            git_commit=commit)
     archive = out / "bundle.tar.gz"
     return archive, write_archive(bundle, archive), manifest.root_digest
-    code = {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(verdict.outcome, EXIT_INCOMPLETE)
-    if infra and code != EXIT_FAIL:
-        code = EXIT_INFRA
-    return ValidateResult(verdict, bundle, archive, digest, manifest.root_digest, code, infra)
 
