@@ -253,3 +253,33 @@ def test_odd_names_and_user_config(k3_repo: GitRepo) -> None:
     sub = classify(k3_repo.root / "vllm", "base", "HEAD", K3_SCOPE)
     assert sorted(c.path for c in sub.changes) == sorted(names)
     assert [only(sub, n).cls for n in names] == ["in_scope", "in_scope", "out_of_scope"]
+
+
+def test_touch_point_at_its_limit(k3_repo: GitRepo) -> None:
+    """Exactly ``max_changed_lines`` changed lines is within the limit; one more is not."""
+    limit = next(tp.max_changed_lines for tp in K3_SCOPE.touch_points if tp.path == REGISTRY)
+    lines = [f'    "KimiK3v{i}": "kimi_k3",\n' for i in range(limit + 1)]
+    k3_repo.write(REGISTRY, '_MODELS = {\n    "Llama": "llama",\n' + "".join(lines[:limit]) + "}\n")
+    k3_repo.commit("at the limit")
+    at = only(run(k3_repo), REGISTRY)
+    assert at.cls == "allowed_touch_point", at.reason
+    assert f"{limit} changed line(s) within the limit of {limit}" in at.reason
+    k3_repo.write(REGISTRY, '_MODELS = {\n    "Llama": "llama",\n' + "".join(lines) + "}\n")
+    k3_repo.commit("one over")
+    over = only(run(k3_repo), REGISTRY)
+    assert over.cls == "out_of_scope"
+    assert f"{limit + 1} changed lines, limit {limit}" in over.reason
+
+
+@pytest.mark.parametrize("folder", ["vllm", "vllm/model_executor", ".git"])
+def test_repo_given_as_a_subfolder_keeps_the_line_rule(k3_repo: GitRepo, folder: str) -> None:
+    """--repo inside the work tree (or its git directory) classifies the whole repository and
+    still reads the touch point's patch: another model's registry line is out of scope."""
+    k3_repo.write(REGISTRY, '_MODELS = {\n    "Llama": "llama",\n    "Other": "other",\n}\n')
+    k3_repo.commit("head")
+    report = classify(k3_repo.root / folder, "base", "HEAD", K3_SCOPE)
+    change = only(report, REGISTRY)
+    assert change.cls == "out_of_scope", change.reason
+    assert "1 added line(s) do not match /kimi_k3/" in change.reason
+    expected = k3_repo.root / ".git" if folder == ".git" else k3_repo.root
+    assert report.status == "FAIL" and Path(report.repo or "") == expected.resolve()

@@ -10,7 +10,7 @@ import yaml
 from test_isolation_support import K3_SCOPE, GitRepo, make_k3_repo
 from typer.testing import CliRunner
 
-from k3fasttrack.cli.isolation import register
+from k3fasttrack.cli.isolation import NO_SCOPE, ROWS_PER_CLASS, register
 from k3fasttrack.errors import EXIT_FAIL, EXIT_PASS, EXIT_USAGE
 from k3fasttrack.models.isolation import IsolationReport
 
@@ -61,7 +61,8 @@ def test_json_alone_on_stdout_and_exit_codes(k3_repo: GitRepo, tmp_path: Path) -
 
 
 def test_table_and_in_scope_option(k3_repo: GitRepo) -> None:
-    """Without a profile, --in-scope globs give the scope; the table names class and reason."""
+    """Without a profile, --in-scope globs give the scope; the table names the path that decides
+    (class and reason) and counts the in-scope one in the verdict line."""
     k3_repo.write("vllm/models/kimi_k3/nvidia/model.py", "x\n")
     k3_repo.write("vllm/v1/sample/sampler.py", "x\n")
     k3_repo.commit("head")
@@ -70,9 +71,79 @@ def test_table_and_in_scope_option(k3_repo: GitRepo) -> None:
     )
     assert code == EXIT_FAIL
     lines = out.splitlines()
-    assert any(line.startswith("in scope") and "nvidia/model.py" in line for line in lines)
+    assert not any("nvidia/model.py" in line for line in lines)
     assert any(line.startswith("OUT") and "vllm/v1/sample/sampler.py" in line for line in lines)
     assert lines[-1].startswith("FAIL: 2 changed path(s): 1 in scope")
+
+
+def test_no_scope_is_a_usage_error(k3_repo: GitRepo, tmp_path: Path) -> None:
+    """No --profile and no --in-scope, or a profile without in_scope globs: one line, exit 2."""
+    k3_repo.write("vllm/models/kimi_k3/nvidia/model.py", "x\n")
+    k3_repo.commit("head")
+    code, out, err = cli("--repo", str(k3_repo.root), "--base", "base")
+    assert (code, out) == (EXIT_USAGE, "")
+    assert err.strip().splitlines() == [f"k3ft isolation: {NO_SCOPE}"]
+    prof = str(write_profile(tmp_path, in_scope=[]))
+    code, out, err = cli("--repo", str(k3_repo.root), "--base", "base", "--profile", prof)
+    assert (code, out) == (EXIT_USAGE, "") and len(err.strip().splitlines()) == 1
+    assert "declares no isolation scope" in err
+
+
+def test_shared_component_needs_review_and_strict_fails(k3_repo: GitRepo, tmp_path: Path) -> None:
+    """A sampler edit and a scheduler mode change: exit 0 shown as NEEDS REVIEW with what to
+    look at; --strict makes the same diff exit 1 (documented in --help)."""
+    k3_repo.write("vllm/v1/sample/sampler.py", "def sample():\n    return 1\n")
+    (k3_repo.root / "vllm/v1/core/sched/scheduler.py").chmod(0o755)
+    k3_repo.commit("head")
+    prof = str(write_profile(tmp_path))
+    args = ("--repo", str(k3_repo.root), "--base", "base", "--profile", prof)
+    code, out, _ = cli(*args)
+    assert code == EXIT_PASS
+    lines = out.splitlines()
+    assert lines[-1].startswith("NEEDS REVIEW: 2 changed path(s)")
+    review = next(line for line in lines if line.startswith("check shared_components:"))
+    assert "needs_review" in review
+    assert "sampling (1 path(s)): vllm/v1/sample/sampler.py (modified +1 -1)" in review
+    assert "vllm/v1/core/sched/scheduler.py (modified +0 -0, mode 100644->100755)" in review
+    code, out, _ = cli(*args, "--strict")
+    assert code == EXIT_FAIL and out.splitlines()[-1].startswith("NEEDS REVIEW:")
+    code, out, _ = cli(*args, "--strict", "--json")
+    assert code == EXIT_FAIL and IsolationReport.model_validate_json(out).status == "PASS"
+    k3_repo.git("reset", "-q", "--hard", "base")
+    k3_repo.write("vllm/models/kimi_k3/a.py", "a\n")
+    k3_repo.commit("clean")
+    assert cli(*args, "--strict")[0] == EXIT_PASS
+    code, help_text, _ = cli("--help")
+    assert code == EXIT_PASS and "--strict" in help_text
+    assert "with --strict a shared" in " ".join(help_text.split())
+
+
+def test_large_diff_prints_the_deciding_paths(k3_repo: GitRepo, tmp_path: Path) -> None:
+    """Hundreds of in-scope paths are counted, not printed; out-of-scope paths are printed up
+    to the per-class cap with the rest counted; --report holds every path."""
+    n_in, n_out = 400, ROWS_PER_CLASS + 7
+    for i in range(n_in):
+        k3_repo.write(f"vllm/models/kimi_k3/gen/f{i}.py", f"X = {i}\n")
+    for i in range(n_out):
+        k3_repo.write(f"vllm/other/f{i}.py", f"Y = {i}\n")
+    k3_repo.write("vllm/model_executor/models/registry.py", "_MODELS = {}\n")
+    k3_repo.commit("head")
+    report_file = tmp_path / "out" / "isolation.json"
+    prof = str(write_profile(tmp_path))
+    code, out, _ = cli(
+        "--repo", str(k3_repo.root), "--base", "base", "--profile", prof,
+        "--report", str(report_file),
+    )
+    assert code == EXIT_FAIL
+    lines = out.splitlines()
+    assert not any("vllm/models/kimi_k3/gen/" in line for line in lines)
+    out_rows = [line for line in lines if line.startswith("OUT ")]
+    assert len(out_rows) == ROWS_PER_CLASS
+    assert "vllm/model_executor/models/registry.py" in out_rows[0]
+    assert f"... and {n_out + 1 - ROWS_PER_CLASS} more OUT path(s), listed in {report_file}" in out
+    assert len(lines) < ROWS_PER_CLASS + 10
+    full = IsolationReport.model_validate_json(report_file.read_text())
+    assert len(full.changes) == n_in + n_out + 1 and full.counts.in_scope == n_in
 
 
 def test_unknown_profile_is_a_usage_error(k3_repo: GitRepo) -> None:

@@ -26,11 +26,13 @@ def k3_repo(tmp_path: Path) -> GitRepo:
 
 
 def cli(*args: str) -> tuple[int, str, str]:
-    """Run ``k3ft isolation`` on a bare app; return (exit code, stdout, stderr)."""
+    """Run ``k3ft isolation`` (scope: the K3 model folder) on a bare app; return (exit code,
+    stdout, stderr)."""
     app = typer.Typer()
     register(app)
     app.callback()(lambda: None)
-    result = CliRunner().invoke(app, ["isolation", *args])
+    scope = ["--in-scope", K3_SCOPE.in_scope[0]]
+    result = CliRunner().invoke(app, ["isolation", *scope, *args])
     return result.exit_code, result.stdout, result.stderr
 
 

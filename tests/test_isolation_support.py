@@ -130,3 +130,88 @@ def test_globset_names_the_first_matching_glob() -> None:
     assert globs.first("x/a/b") == "x/**"
     assert globs.first("y/a") is None
     assert GlobSet([]).match("anything") is False
+
+
+REGISTRY_PATH = "vllm/model_executor/models/registry.py"
+VLLM_REGISTRY = '''# SPDX-License-Identifier: Apache-2.0
+"""Model registry: the module shape of vLLM 0.32.0 / 0.33.0 (dict literals, lazy imports)."""
+
+import sys
+
+_TEXT_GENERATION_MODELS = {
+    # [Decoder-only]
+    "DeepseekV3ForCausalLM": ("deepseek_v2", "DeepseekV3ForCausalLM"),
+    "KimiLinearForCausalLM": (
+        "vllm.models.kimi_k3",
+        "KimiLinearForCausalLM",
+    ),
+    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("llama", "LlamaForCausalLM"),
+}
+
+_MULTIMODAL_MODELS = {
+    "KimiK25ForConditionalGeneration": ("kimi_k25", "KimiK25ForConditionalGeneration"),
+    "KimiK3ForConditionalGeneration": (
+        "vllm.models.kimi_k3",
+        "KimiK3ForConditionalGeneration",
+    ),
+}
+
+_SPECULATIVE_DECODING_MODELS = {
+    "DeepSeekMTPModel": ("deepseek_mtp", "DeepSeekMTP"),
+    "KimiK3MTPModel": ("vllm.models.kimi_k3", "KimiK3MTP"),
+    # Temporarily disabled.
+    # "MLPSpeculatorPreTrainedModel": ("mlp_speculator", "MLPSpeculator"),
+}
+
+_VLLM_MODELS = {
+    **_TEXT_GENERATION_MODELS,
+    **_MULTIMODAL_MODELS,
+    **_SPECULATIVE_DECODING_MODELS,
+}
+
+_SUBPROCESS_COMMAND = [sys.executable, "-m", "vllm.model_executor.models.registry"]
+
+
+def _run() -> None:
+    print(sorted(_VLLM_MODELS))
+'''
+CONFIGS_PATH = "vllm/transformers_utils/configs/__init__.py"
+VLLM_CONFIGS = '''"""Lazy config classes: the module shape of vLLM 0.32.0 / 0.33.0."""
+
+from __future__ import annotations
+
+import importlib
+
+_CLASS_TO_MODULE: dict[str, str] = {
+    "DeepseekV41Config": "vllm.transformers_utils.configs.deepseek_v41",
+    "KimiK3Config": "vllm.transformers_utils.configs.kimi_k3",
+}
+
+__all__ = [
+    "DeepseekV41Config",
+    "KimiK3Config",
+]
+
+
+def __getattr__(name: str):
+    return getattr(importlib.import_module(_CLASS_TO_MODULE[name]), name)
+'''
+
+
+def insert_after(text: str, anchor: str, lines: str) -> str:
+    """``text`` with ``lines`` inserted after the (unique) line ``anchor``."""
+    assert text.count(anchor + "\n") == 1, anchor
+    return text.replace(anchor + "\n", anchor + "\n" + lines)
+
+
+def make_vllm_registry_repo(tmp_path: Path) -> GitRepo:
+    """A repository whose registry and config index have vLLM's shapes, tagged ``base``."""
+    repo = GitRepo(tmp_path / "vllm-repo")
+    repo.write("vllm/models/kimi_k3/nvidia/model.py", "class KimiK3:\n    pass\n")
+    repo.write(REGISTRY_PATH, VLLM_REGISTRY)
+    repo.write(CONFIGS_PATH, VLLM_CONFIGS)
+    repo.write("vllm/v1/sample/sampler.py", "def sample():\n    return 0\n")
+    repo.commit("base")
+    repo.git("tag", "base")
+    return repo

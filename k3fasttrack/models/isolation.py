@@ -38,6 +38,12 @@ class TouchPoint(Record):
     """When set, every added line (stripped of its newline) must match it (``re.search``)."""
     allow_deletions: bool = False
     """When False and ``allowed_line_regex`` is set, any deleted line breaks the rule."""
+    entry_key_regex: str | None = None
+    """When set, the file is a Python module compared by its entries: every module-level
+    assignment of a dict, list, tuple or set literal is a collection of entries (a dict entry is
+    named by its key, any other element by itself). Each entry added, changed or removed must
+    have a name matching this regex (``re.search``), and nothing else in the module may change
+    (comments and layout aside)."""
     description: str = ""
 
 
@@ -65,6 +71,22 @@ class IsolationConfig(Record):
     """Also look for copy sources among unmodified files (slower on large diffs)."""
 
 
+EntryChangeKind = Literal["added", "changed", "removed"]
+
+
+class EntryChange(Record):
+    """One entry of a touch point's collection literals that differs between the two sides."""
+
+    collection: str
+    """The module-level name the literal is assigned to, e.g. ``_TEXT_GENERATION_MODELS``."""
+    key: str
+    """The entry's name: a dict key (``"KimiK3MTPModel"``), ``**name`` for an unpacking, or the
+    element itself in a list, tuple or set."""
+    change: EntryChangeKind
+    own: bool
+    """True when the name matches the touch point's ``entry_key_regex``."""
+
+
 class PathChange(Record):
     """One changed path between the merge base and head, with its class and why."""
 
@@ -90,6 +112,8 @@ class PathChange(Record):
     """Shared component name, or the touch-point glob, that this path matched."""
     similarity: int | None = None
     """Rename/copy similarity in percent."""
+    entries: tuple[EntryChange, ...] = ()
+    """For a touch point compared by entries: every entry added, changed or removed."""
 
 
 class ClassCounts(Record):

@@ -84,13 +84,35 @@ def kernels(r: dict[str, Any]) -> list[str]:
                          for c in failed[:50]]) if failed else out
 
 
+ISOLATION_ORDER = ("out_of_scope", "shared_component", "allowed_touch_point")
+"""The isolation classes the PR comment lists, in this order (in-scope paths are only counted)."""
+ISOLATION_ROWS = {"out_of_scope": 50, "shared_component": 50, "allowed_touch_point": 20}
+"""Rows per class: each class has its own cap, so no class hides another."""
+
+
+def _isolation_rows(changes: list[dict[str, Any]], cls: str) -> list[dict[str, Any]]:
+    """One class's paths; out-of-scope touch points (e.g. the registry) before plain paths."""
+    rows = [c for c in changes if c.get("cls") == cls]
+    return sorted(rows, key=lambda c: cls == "out_of_scope" and c.get("component") is None)
+
+
 def isolation(r: dict[str, Any]) -> list[str]:
-    """Class counts, then every path that is not plainly in scope."""
+    """Class counts, how many rows were left out, then the out-of-scope, review and touch-point
+    paths (in that order), each class capped on its own."""
+    changes = r.get("changes", [])
     out = [", ".join(f"{k}: {v}" for k, v in (r.get("counts") or {}).items()), ""]
-    rows = [[c.get("path"), c.get("klass") or c.get("class") or c.get("classification"),
-             c.get("reason")] for c in r.get("changes", [])
-            if (c.get("klass") or c.get("class") or c.get("classification")) != "in_scope"]
-    return out + (_table(["path", "class", "reason"], rows[:100]) if rows else [])
+    rows: list[list[Any]] = []
+    left_out: list[str] = []
+    for cls in ISOLATION_ORDER:
+        found = _isolation_rows(changes, cls)
+        cap = ISOLATION_ROWS[cls]
+        rows += [[c.get("path"), cls, str(c.get("reason"))[:200]] for c in found[:cap]]
+        if len(found) > cap:
+            left_out.append(f"{len(found) - cap} {cls}")
+    if left_out:
+        out += [f"Left out of the table below: {', '.join(left_out)} row(s); every path is in "
+                "`isolation/changes.jsonl` in the bundle.", ""]
+    return out + (_table(["path", "class", "reason"], rows) if rows else [])
 
 
 def outcomes(key: str) -> Callable[[dict[str, Any]], list[str]]:

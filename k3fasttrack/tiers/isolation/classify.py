@@ -1,8 +1,9 @@
 """Static classification: every path changed between the merge base and head gets a class.
 
 Classes, checked in this order for each path: ``in_scope`` (the profile's model-folder globs),
-touch point (``allowed_touch_point`` when the change keeps the touch point's limits and rule,
-else ``out_of_scope``), ``shared_component`` (needs a core maintainer's review), ``out_of_scope``.
+touch point (``allowed_touch_point`` when the change keeps the touch point's line limit, line rule
+and entry rule (``entries.py``), else ``out_of_scope``), ``shared_component`` (needs a core
+maintainer's review), ``out_of_scope``.
 A rename is in scope only when both its old and new path are; a copy is judged by its new path.
 """
 
@@ -10,24 +11,22 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from k3fasttrack.errors import UsageError
-from k3fasttrack.models.base import Check
 from k3fasttrack.models.isolation import (
-    CHANGE_CLASSES,
     ChangeClass,
     ChangeKind,
-    ClassCounts,
+    EntryChange,
     FileType,
     IsolationConfig,
     IsolationReport,
     PathChange,
     TouchPoint,
 )
-from k3fasttrack.tiers.isolation import gitdiff
+from k3fasttrack.tiers.isolation import entries, gitdiff
+from k3fasttrack.tiers.isolation.checks import count_classes, static_checks, summary_line
 from k3fasttrack.tiers.isolation.globs import GlobSet
 
 MODE_TYPES: dict[str, FileType] = {
@@ -59,6 +58,23 @@ class PathClass:
     touch_point: TouchPoint | None = None
 
 
+@dataclass(frozen=True)
+class Decision:
+    """The class a change gets, why, and what it matched."""
+
+    cls: ChangeClass
+    why: str
+    component: str | None = None
+    entries: tuple[EntryChange, ...] = ()
+
+
+def _compile(pattern: str, field: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise UsageError(f"isolation: a touch point's {field} does not compile: {exc}") from exc
+
+
 class Scope:
     """The profile's scope, compiled once."""
 
@@ -66,16 +82,16 @@ class Scope:
         self.in_scope = GlobSet(config.in_scope)
         self.touch_points = [(GlobSet([tp.path]), tp) for tp in config.touch_points]
         self.shared = [(GlobSet(sc.globs), sc.name) for sc in config.shared_components]
-        try:
-            self.line_rules = {
-                tp.path: re.compile(tp.allowed_line_regex)
-                for tp in config.touch_points
-                if tp.allowed_line_regex
-            }
-        except re.error as exc:
-            raise UsageError(
-                f"isolation: a touch point's allowed_line_regex does not compile: {exc}"
-            ) from exc
+        self.line_rules = {
+            tp.path: _compile(tp.allowed_line_regex, "allowed_line_regex")
+            for tp in config.touch_points
+            if tp.allowed_line_regex
+        }
+        self.entry_rules = {
+            tp.path: _compile(tp.entry_key_regex, "entry_key_regex")
+            for tp in config.touch_points
+            if tp.entry_key_regex
+        }
 
     def of(self, path: str) -> PathClass:
         """Class of a single path."""
@@ -143,10 +159,14 @@ class Classifier:
             symlink_target=target,
             submodule=f"{raw.old_sha[:12]}..{raw.new_sha[:12]}" if gitlink else None,
         )
-        cls, reason, component = self._decide(raw, draft, resolved)
-        what = self._what(draft)
+        decision = self._decide(raw, draft, resolved)
         return draft.model_copy(
-            update={"cls": cls, "reason": f"{what}; {reason}", "component": component}
+            update={
+                "cls": decision.cls,
+                "reason": f"{self._what(draft)}; {decision.why}",
+                "component": decision.component,
+                "entries": decision.entries,
+            }
         )
 
     @staticmethod
@@ -168,7 +188,7 @@ class Classifier:
         raw: gitdiff.RawChange,
         draft: PathChange,
         resolved: str | None,
-    ) -> tuple[ChangeClass, str, str | None]:
+    ) -> Decision:
         kind = draft.kind
         new = self.scope.of(raw.path)
         if kind == "renamed" and raw.old_path is not None:
@@ -178,71 +198,63 @@ class Classifier:
         assert new.cls is not None
         if draft.symlink_target is not None and new.cls == "in_scope":
             if resolved is None:
-                return (
-                    "out_of_scope",
-                    "symlink inside the scope points outside the repository",
-                    None,
+                return Decision(
+                    "out_of_scope", "symlink inside the scope points outside the repository"
                 )
             if not self.scope.in_scope.covers_dir(resolved):
-                return (
+                return Decision(
                     "out_of_scope",
                     f"symlink inside the scope points outside it (resolves to {resolved})",
-                    None,
                 )
-            return "in_scope", f"{new.why}; its target {resolved} is in scope too", None
-        return new.cls, new.why, new.component
+            return Decision("in_scope", f"{new.why}; its target {resolved} is in scope too")
+        return Decision(new.cls, new.why, new.component)
 
     @staticmethod
-    def _rename(old: PathClass, new: PathClass) -> tuple[ChangeClass, str, str | None]:
+    def _rename(old: PathClass, new: PathClass) -> Decision:
         """Both sides must be in scope; a touch point may be edited, never moved."""
         pair = f"old path: {old.why}; new path: {new.why}"
         if old.cls == "in_scope" and new.cls == "in_scope":
-            return "in_scope", f"both paths in scope ({pair})", None
+            return Decision("in_scope", f"both paths in scope ({pair})")
         if "out_of_scope" in (old.cls, new.cls):
-            return "out_of_scope", f"a rename is in scope only when both paths are ({pair})", None
+            why = f"a rename is in scope only when both paths are ({pair})"
+            return Decision("out_of_scope", why)
         if old.touch_point is not None or new.touch_point is not None:
-            return "out_of_scope", f"a touch point may be edited but not renamed ({pair})", None
+            return Decision("out_of_scope", f"a touch point may be edited but not renamed ({pair})")
         component = new.component or old.component
-        return "shared_component", f"rename touches a shared component ({pair})", component
+        why = f"rename touches a shared component ({pair})"
+        return Decision("shared_component", why, component)
 
-    def _touch(
-        self, raw: gitdiff.RawChange, draft: PathChange, pc: PathClass
-    ) -> tuple[ChangeClass, str, str | None]:
-        """A touch point keeps its class only within its line limit and content rule."""
+    def _touch(self, raw: gitdiff.RawChange, draft: PathChange, pc: PathClass) -> Decision:
+        """A touch point keeps its class only within its line limit and content rules."""
         tp = pc.touch_point
         assert tp is not None
-        broken: list[str] = []
-        if draft.kind in ("deleted", "type_changed"):
-            broken.append(f"a touch point may not be {draft.kind.replace('_', ' ')}")
-        if draft.mode_change:
-            broken.append("a touch point's mode may not change")
-        if draft.binary or draft.new_type in ("symlink", "submodule"):
-            broken.append("a touch point must stay a text file")
+        broken = _touch_shape(draft)
+        found: tuple[EntryChange, ...] = ()
         if not broken:
-            broken.extend(self._touch_lines(raw, tp))
+            found, by_entry = self._entry_rule(raw, draft, tp)
+            broken = [*_touch_limit(raw, tp), *self._line_rule(raw, tp), *by_entry]
         if broken:
-            return "out_of_scope", f"{pc.why} breaks its rule: {'; '.join(broken)}", tp.path
+            why = f"{pc.why} breaks its rule: {'; '.join(broken)}"
+            return Decision("out_of_scope", why, tp.path, found)
         changed = (raw.added or 0) + (raw.deleted or 0)
-        rule = (
-            f", every added line matches /{tp.allowed_line_regex}/" if tp.allowed_line_regex else ""
-        )
-        return (
-            "allowed_touch_point",
-            f"{pc.why}: {changed} changed line(s) within the limit of {tp.max_changed_lines}{rule}",
-            tp.path,
-        )
+        rules = f"{changed} changed line(s) within the limit of {tp.max_changed_lines}"
+        if tp.allowed_line_regex:
+            rules += f", every added line matches /{tp.allowed_line_regex}/"
+        if tp.entry_key_regex:
+            rules += f", the model's entries {entries.describe(found)}" if found else (
+                ", no entry changed"
+            )
+        return Decision("allowed_touch_point", f"{pc.why}: {rules}", tp.path, found)
 
-    def _touch_lines(self, raw: gitdiff.RawChange, tp: TouchPoint) -> list[str]:
-        broken: list[str] = []
-        changed = (raw.added or 0) + (raw.deleted or 0)
-        if changed > tp.max_changed_lines:
-            broken.append(f"{changed} changed lines, limit {tp.max_changed_lines}")
+    def _line_rule(self, raw: gitdiff.RawChange, tp: TouchPoint) -> list[str]:
+        """Every added line matches ``allowed_line_regex``; deletions only where allowed."""
         rule = self.scope.line_rules.get(tp.path)
         if rule is None:
-            return broken
+            return []
         added, deleted = gitdiff.changed_lines(
             self.repo, self.old, self.new, raw.path, raw.old_path
         )
+        broken: list[str] = []
         bad = [line for line in added if not rule.search(line)]
         if bad:
             broken.append(
@@ -252,58 +264,43 @@ class Classifier:
             broken.append(f"{len(deleted)} line(s) deleted, the rule allows only additions")
         return broken
 
+    def _entry_rule(
+        self, raw: gitdiff.RawChange, draft: PathChange, tp: TouchPoint
+    ) -> tuple[tuple[EntryChange, ...], list[str]]:
+        """Only entries named by ``entry_key_regex`` may differ (``entries.compare``)."""
+        own = self.scope.entry_rules.get(tp.path)
+        if own is None:
+            return (), []
+        new_file = draft.kind in ("added", "copied")
+        shas = [raw.new_sha] if new_file else [raw.old_sha, raw.new_sha]
+        blobs = gitdiff.read_blobs(self.repo, shas)
+        old = None if new_file else blobs[raw.old_sha]
+        return entries.compare(old, blobs[raw.new_sha], own)
 
-def count_classes(changes: tuple[PathChange, ...] | list[PathChange]) -> ClassCounts:
-    """Number of changes per class."""
-    tally = Counter(c.cls for c in changes)
-    return ClassCounts(**{k: tally[k] for k in CHANGE_CLASSES})
+
+def _touch_shape(draft: PathChange) -> list[str]:
+    """A touch point stays a text file with its mode, edited in place."""
+    broken: list[str] = []
+    if draft.kind in ("deleted", "type_changed"):
+        broken.append(f"a touch point may not be {draft.kind.replace('_', ' ')}")
+    if draft.mode_change:
+        broken.append("a touch point's mode may not change")
+    if draft.binary or draft.new_type in ("symlink", "submodule"):
+        broken.append("a touch point must stay a text file")
+    return broken
 
 
-def static_checks(changes: tuple[PathChange, ...]) -> tuple[Check, ...]:
-    """Out of scope fails; shared components and submodules need review."""
-    out = [c.path for c in changes if c.cls == "out_of_scope"]
-    shared = Counter(c.component or "?" for c in changes if c.cls == "shared_component")
-    subs = [c.path for c in changes if c.submodule and c.cls != "out_of_scope"]
-    checks = [
-        Check(
-            name="out_of_scope",
-            outcome="fail" if out else "pass",
-            reason=(
-                f"{len(out)} path(s) out of scope: {', '.join(out[:5])}"
-                f"{' ...' if len(out) > 5 else ''}"
-                if out
-                else f"all {len(changes)} changed path(s) are in scope or allowed"
-            ),
-        )
-    ]
-    checks.append(
-        Check(
-            name="shared_components",
-            outcome="needs_review" if shared else "pass",
-            reason=(
-                "core-maintainer review needed: "
-                + ", ".join(f"{n} ({k} path(s))" for n, k in sorted(shared.items()))
-                if shared
-                else "no shared component touched"
-            ),
-        )
-    )
-    if subs:
-        checks.append(
-            Check(
-                name="submodules",
-                outcome="needs_review",
-                reason="submodule pointer(s) changed, contents not classified: "
-                + ", ".join(subs[:5]),
-            )
-        )
-    return tuple(checks)
+def _touch_limit(raw: gitdiff.RawChange, tp: TouchPoint) -> list[str]:
+    """Added plus deleted lines stay within ``max_changed_lines``."""
+    changed = (raw.added or 0) + (raw.deleted or 0)
+    if changed > tp.max_changed_lines:
+        return [f"{changed} changed lines, limit {tp.max_changed_lines}"]
+    return []
 
 
 def classify(repo: Path, base: str, head: str, config: IsolationConfig) -> IsolationReport:
     """Classify every change between ``merge-base(base, head)`` and ``head`` in ``repo``."""
-    repo = Path(repo)
-    gitdiff.check_repository(repo)
+    repo = gitdiff.check_repository(Path(repo))
     base_commit = gitdiff.resolve_commit(repo, base, role="base")
     head_commit = gitdiff.resolve_commit(repo, head, role="head")
     mb = gitdiff.merge_base(repo, base_commit, head_commit)
@@ -327,15 +324,4 @@ def classify(repo: Path, base: str, head: str, config: IsolationConfig) -> Isola
         merge_base=mb,
         changes=changes,
         counts=counts,
-    )
-
-
-def summary_line(counts: ClassCounts) -> str:
-    """One line: how many changes per class."""
-    total = sum(counts.model_dump().values())
-    return (
-        f"{total} changed path(s): {counts.in_scope} in scope, "
-        f"{counts.allowed_touch_point} allowed "
-        f"touch point(s), {counts.shared_component} shared component (needs review), "
-        f"{counts.out_of_scope} out of scope"
     )

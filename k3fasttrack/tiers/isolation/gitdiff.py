@@ -88,15 +88,23 @@ def _git_ok(repo: Path, *args: str, input_bytes: bytes | None = None) -> bytes:
     return proc.stdout
 
 
-def check_repository(repo: Path) -> None:
-    """Raise ``NotAGitRepositoryError`` unless ``repo`` is a git repository."""
+def check_repository(repo: Path) -> Path:
+    """The folder every later git command runs in: the work tree's top level for any folder
+    inside it, the git directory for a bare repository. Pathspecs are relative to the folder
+    git runs in, and the diff's paths are relative to the top level, so the two must agree.
+    Raise ``NotAGitRepositoryError`` unless ``repo`` is a git repository."""
     if not repo.exists():
         raise NotAGitRepositoryError(f"not a git repository: {repo} does not exist")
-    proc = run_git(repo, "rev-parse", "--git-dir")
+    proc = run_git(repo, "rev-parse", "--absolute-git-dir", "--is-inside-work-tree")
     if proc.returncode != 0:
         detail = proc.stderr.decode(errors="replace").strip().splitlines()
         hint = detail[-1] if detail and "dubious ownership" in proc.stderr.decode() else None
         raise NotAGitRepositoryError(f"not a git repository: {repo}", hint=hint)
+    git_dir, inside = proc.stdout.decode(errors="surrogateescape").splitlines()[:2]
+    if inside != "true":
+        return Path(git_dir)
+    top = _git_ok(repo, "rev-parse", "--show-toplevel").decode(errors="surrogateescape")
+    return Path(top.rstrip("\n"))
 
 
 def is_shallow(repo: Path) -> bool:
