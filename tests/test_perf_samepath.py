@@ -47,6 +47,34 @@ def test_equal_lengths_pass_and_truncation_fails() -> None:
     )
 
 
+def test_a_candidate_returning_fewer_requests_fails() -> None:
+    """The candidate answers 2 of the baseline's 3 requests, with equal lengths for those 2: the
+    count alone must fail the check (and recheck from the written file agrees)."""
+    items = samepath.length_items([_cell([16, 16, 16], [16, 16], [], [])])
+    check = samepath.lengths_check(items)
+    assert check.outcome == "fail"
+    assert "baseline 3 requests, candidate 2" in check.reason
+    assert "token(s) fewer" not in check.reason  # a missing request is not a shorter output
+    only_missing = samepath.length_items([_cell([16], [], [], [])])
+    assert samepath.lengths_check(only_missing).outcome == "fail"
+
+
+def test_a_candidate_returning_fewer_repeats_fails(tmp_path: Path) -> None:
+    cell = _cell([8, 8], [8, 8], ["a", "b"], ["a", "b"])
+    cell["sides"]["baseline"]["repeats"].append(
+        {"repeat": 1, "requests": {"output_lens": [8, 8], "texts": [], "errors": ["", ""]}})
+    items = samepath.length_items([cell])
+    check = samepath.lengths_check(items)
+    assert check.outcome == "fail" and "baseline 2 repeats, candidate 1" in check.reason
+    samepath.write_items(tmp_path / samepath.SAME_PATH_FILE, items)
+    assert samepath.recheck(tmp_path)[0].outcome == "fail"
+
+
+def test_no_requests_on_either_side_is_not_run() -> None:
+    empty = samepath.length_items([_cell([], [], [], [])])
+    assert samepath.lengths_check(empty).outcome == "not_run"
+
+
 def test_greedy_from_sweep_compares_candidate_to_baseline() -> None:
     same = samepath.greedy_items_from_sweep(
         [_cell([2, 2], [2, 2], ["a", "b"], ["a", "b"])], subset=2, seed=0

@@ -154,3 +154,48 @@ def test_selection_trace_window_counts_only_new_steps(tmp_path: Path) -> None:
     stock_only = signals.trace_window(signals.trace_offsets([trace]), tier="evals",
                                       server_side="candidate", side="candidate")
     assert judge_tier("evals", [stock_only], cfg, tmp_path).outcome == "fail"
+
+
+def _steps(specialized: float, stock: float = 0.0) -> dict[str, float]:
+    return {signals.SPECIALIZED: specialized, signals.STOCK_DECODE: stock}
+
+
+def test_selection_trace_fails_when_the_baseline_took_specialized_steps(tmp_path: Path) -> None:
+    """The candidate took specialized steps; the baseline's own trace window shows some too: the
+    switch is not the only difference, so the proof fails (and says the baseline's count)."""
+    cfg = ProofConfig(signals=("selection_trace",))
+    cand = PathEvidence(tier="perf", side="candidate", signal="selection_trace",
+                        deltas={"candidate": _steps(40.0)})
+    clean = PathEvidence(tier="perf", side="baseline", signal="selection_trace",
+                         deltas={"baseline": _steps(0.0, 40.0)})
+    leaked = PathEvidence(tier="perf", side="baseline", signal="selection_trace",
+                          deltas={"baseline": _steps(3.0, 37.0)})
+    assert judge_tier("perf", [cand, clean], cfg, tmp_path).outcome == "pass"
+    failed = judge_tier("perf", [cand, leaked], cfg, tmp_path)
+    assert failed.outcome == "fail"
+    assert failed.reason == "selection_trace: the baseline took 3 specialized steps"
+    assert failed.baseline[signals.SPECIALIZED] == 3.0
+
+
+def _profile(path: Path, *names: str) -> str:
+    path.write_text(json.dumps({"traceEvents": [{"name": n, "cat": "kernel"} for n in names]}))
+    return path.name
+
+
+def test_kernel_names_fail_when_the_baseline_ran_the_specialized_kernels(tmp_path: Path) -> None:
+    """Both of the candidate's patterns match; the baseline's profile also holds a kernel that
+    matches one of them: the proof fails and names the pattern."""
+    cfg = ProofConfig(signals=("kernel_names",), kernel_patterns=("^Kda", "MoeTail"))
+    cand = _profile(tmp_path / "cand.json", "KdaSplitKernel_0", "WaveMoeTail")
+    stock = _profile(tmp_path / "stock.json", "fused_kda_decode", "fused_moe")
+    leak = _profile(tmp_path / "leak.json", "fused_kda_decode", "WaveMoeTail")
+
+    def wins(base: str) -> list[PathEvidence]:
+        return [PathEvidence(tier="perf", side="candidate", signal="kernel_names", source=cand),
+                PathEvidence(tier="perf", side="baseline", signal="kernel_names", source=base)]
+
+    assert judge_tier("perf", wins(stock), cfg, tmp_path).outcome == "pass"
+    failed = judge_tier("perf", wins(leak), cfg, tmp_path)
+    assert failed.outcome == "fail"
+    assert failed.reason == "kernel_names: baseline trace has kernels matching 'MoeTail'"
+    assert failed.baseline == {"^Kda": 0.0, "MoeTail": 1.0}

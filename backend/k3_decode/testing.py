@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from k3fasttrack.models.kernels import KernelCase, case_verdict
+
 CASES_ENV = "K3FT_KERNEL_CASES"
 
 # (atol, rtol) per output dtype, applied to |out - ref| <= atol + rtol * |ref| elementwise.
@@ -56,21 +58,73 @@ def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
 
 def close(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> bool:
     """Elementwise `|out - ref| <= atol + rtol * |ref|`, NaN never close."""
+    return case_verdict(*errors(out, ref), atol, rtol, tol_ratio(out, ref, atol, rtol))
+
+
+RATIO_CAP = 1e300
+"""`tol_ratio` of an error where the allowance is 0 (JSON has no inf)."""
+
+
+def tol_ratio(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> float:
+    """The largest `|out - ref| / (atol + rtol * |ref|)` over the elements (<= 1: all within
+    tolerance); an error where the allowance is 0 counts as `RATIO_CAP`, NaN as inf."""
     o, r = out.double().cpu(), ref.double().cpu()
-    return bool(torch.isfinite(o).all() and ((o - r).abs() <= atol + rtol * r.abs()).all())
+    if not torch.isfinite(o).all():
+        return math.inf
+    if not o.numel():
+        return 0.0
+    diff, allow = (o - r).abs(), atol + rtol * r.abs()
+    unallowed = torch.where(diff > 0, torch.full_like(diff, RATIO_CAP), torch.zeros_like(diff))
+    ratio = torch.where(allow > 0, diff / allow.clamp_min(1e-300), unallowed)
+    return min(float(ratio.max()), RATIO_CAP)
+
+
+# bf16 outputs against float64: a correctly rounded bf16 value is within 2^-8 (3.9e-3) of the
+# exact one relative to itself, so rtol = 4e-3 admits the output's own rounding and no more; the
+# kernels' internal bf16 roundings (inputs of an MMA, a stored intermediate) err relative to the
+# output's scale, not to each element, so atol is 2e-2 x RMS(ref) (a fixed atol is too loose for
+# small outputs: MLA at 32k tokens has RMS ~0.04); the relative Frobenius error of a correctly
+# rounded output is ~1.7e-3 (measured on the H200: 1.6-1.9e-3), bounded at 4e-3.
+BF16_ATOL_RMS = 2e-2
+BF16_RTOL = 4e-3
+BF16_REL_FRO = 4e-3
+
+
+def bf16_tolerance(ref: torch.Tensor) -> tuple[float, float, float]:
+    """`(atol, rtol, rel_fro)` for a bf16 kernel output against its float64 reference `ref`."""
+    r = ref.double()
+    rms = float(r.pow(2).mean().sqrt()) if r.numel() else 0.0
+    return BF16_ATOL_RMS * rms, BF16_RTOL, BF16_REL_FRO
+
+
+def within_bf16_tolerance(out: torch.Tensor, ref: torch.Tensor) -> bool:
+    """`bf16_tolerance`'s verdict on `out` (what `check_bf16` records and asserts)."""
+    atol, rtol, rel_fro = bf16_tolerance(ref)
+    return case_verdict(*errors(out, ref), atol, rtol, tol_ratio(out, ref, atol, rtol), rel_fro)
 
 
 def record_case(*, op: str, case: str, dtype: str, max_abs_err: float, max_rel_err: float,
-                atol: float, rtol: float, passed: bool) -> None:
-    """Append one kernel test case to `$K3FT_KERNEL_CASES` (JSON lines); no-op when unset."""
+                atol: float, rtol: float, max_tol_ratio: float | None = None,
+                rel_bound: float | None = None, passed: bool | None = None) -> bool:
+    """Validate one kernel test case as a `KernelCase` and append it to `$K3FT_KERNEL_CASES`
+    (JSON lines; not written when unset); returns whether it passed. Without `passed` the
+    verdict is computed from the numbers (`case_verdict`); a `passed` that contradicts them
+    raises `ValueError`."""
+    nums = {"max_abs_err": _finite(max_abs_err), "max_rel_err": _finite(max_rel_err),
+            "atol": float(atol), "rtol": float(rtol),
+            "max_tol_ratio": None if max_tol_ratio is None else (
+                min(max_tol_ratio, RATIO_CAP) if math.isfinite(max_tol_ratio) else RATIO_CAP),
+            "rel_bound": rel_bound}
+    if passed is None:
+        passed = case_verdict(nums["max_abs_err"], nums["max_rel_err"], nums["atol"],
+                              nums["rtol"], nums["max_tol_ratio"], rel_bound)
+    rec = KernelCase(op=op, case=case, dtype=dtype, passed=bool(passed), **nums)
     path = os.environ.get(CASES_ENV)
-    if not path:
-        return
-    rec = {"op": op, "case": case, "dtype": dtype, "max_abs_err": _finite(max_abs_err),
-           "max_rel_err": _finite(max_rel_err), "atol": atol, "rtol": rtol, "passed": bool(passed)}
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(rec, sort_keys=True) + "\n")
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(rec.model_dump(), sort_keys=True) + "\n")
+    return rec.passed
 
 
 def _finite(v: float) -> float | None:
@@ -80,13 +134,43 @@ def _finite(v: float) -> float | None:
 
 def check_and_record(op: str, case: str, out: torch.Tensor, ref: torch.Tensor,
                      atol: float, rtol: float, rel_fro: float | None = None) -> tuple[bool, str]:
-    """Compare, record the case, and return `(passed, message)` for the test's assert."""
+    """Compare elementwise (`|out - ref| <= atol + rtol * |ref|`, and the relative Frobenius
+    error `<= rel_fro` when given), record the case, and return `(passed, message)`."""
     max_abs, rel = errors(out, ref)
-    ok = close(out, ref, atol, rtol) and (rel_fro is None or rel <= rel_fro)
-    record_case(op=op, case=case, dtype=str(out.dtype).removeprefix("torch."), max_abs_err=max_abs,
-                max_rel_err=rel, atol=atol, rtol=rtol, passed=ok)
+    ratio = tol_ratio(out, ref, atol, rtol)
+    ok = record_case(op=op, case=case, dtype=str(out.dtype).removeprefix("torch."),
+                     max_abs_err=max_abs, max_rel_err=rel, atol=atol, rtol=rtol,
+                     max_tol_ratio=ratio, rel_bound=rel_fro)
     return ok, (f"{op}/{case}: max_abs_err={max_abs:.3e} rel_fro_err={rel:.3e} "
-                f"(atol={atol}, rtol={rtol})")
+                f"max_tol_ratio={ratio:.3g} (atol={atol:.3g}, rtol={rtol}, rel_fro={rel_fro})")
+
+
+def differing(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many elements of `a` and `b` differ in their bits (every element if shapes or dtypes
+    differ)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return max(a.numel(), b.numel(), 1)
+    if not a.numel():
+        return 0
+    bits = [t.detach().reshape(-1).contiguous().view(torch.uint8).view(t.numel(), -1).cpu()
+            for t in (a, b)]
+    return int((bits[0] != bits[1]).any(dim=-1).sum())
+
+
+def record_bitwise(op: str, case: str, dtype: str,
+                   pairs: list[tuple[torch.Tensor, torch.Tensor]], bad: int = 0) -> bool:
+    """Record a bit-exact comparison of tensor pairs (`bad`: further failed elements, e.g.
+    non-finite values): `max_abs_err` = differing elements, `max_rel_err` = their fraction,
+    `atol = rtol = 0`; returns whether every pair is bit-equal and `bad` is 0."""
+    total = max(1, sum(max(a.numel(), b.numel()) for a, b in pairs))
+    wrong = sum(differing(a, b) for a, b in pairs) + bad
+    return record_case(op=op, case=case, dtype=dtype, max_abs_err=float(wrong),
+                       max_rel_err=wrong / total, atol=0.0, rtol=0.0)
+
+
+def check_bf16(op: str, case: str, out: torch.Tensor, ref: torch.Tensor) -> tuple[bool, str]:
+    """`check_and_record` with `bf16_tolerance(ref)`: the rule for every bf16 kernel output."""
+    return check_and_record(op, case, out, ref, *bf16_tolerance(ref))
 
 
 def kda_inputs(heads: int, requests: int, q: int, *, device: str | torch.device = "cuda",

@@ -2,7 +2,8 @@
 
 1. ``output_lengths``: for every point and repeat, each request's output token count on the
    candidate equals the baseline's (both sides get the same prompts and budgets; with
-   ``ignore_eos`` the budgets are equal by construction), and no request failed on one side only.
+   ``ignore_eos`` the budgets are equal by construction), no request failed on one side only,
+   and both sides returned as many requests per repeat and as many repeats per point.
 2. ``greedy_outputs``: a seeded subset of requests sent during the perf run; the candidate's greedy
    text must equal the reference: the eval run's output for the same prompt when the eval tier's
    per-sample logs carry prompts (``evals/<suite>/candidate.jsonl``: ``prompt``, ``output``), else
@@ -25,71 +26,84 @@ Generate = Callable[[str, int], str]
 """(prompt, max_tokens) -> the candidate's greedy completion."""
 
 
+def _count_item(point: str, repeat: int, what: str, base: int, cand: int) -> dict[str, Any]:
+    """A ``request: -1`` row: how many ``what`` (requests or repeats) each side returned."""
+    return {"check": "output_lengths", "point": point, "repeat": repeat, "request": -1,
+            "count": what, "baseline": base, "candidate": cand,
+            "baseline_error": False, "candidate_error": False}
+
+
+def _request_items(
+    point: str, rb: Mapping[str, Any], rc: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """Per request of one repeat: both sides' output token counts and failures; then the counts."""
+    b_req, c_req = rb["requests"], rc["requests"]
+    b_err, c_err = b_req["errors"], c_req["errors"]
+    items = [
+        {"check": "output_lengths", "point": point, "repeat": rb["repeat"], "request": i,
+         "baseline": lb, "candidate": lc,
+         "baseline_error": bool(b_err[i]) if b_err else False,
+         "candidate_error": bool(c_err[i]) if c_err else False}
+        for i, (lb, lc) in enumerate(zip(b_req["output_lens"], c_req["output_lens"]))
+    ]
+    nb, nc = len(b_req["output_lens"]), len(c_req["output_lens"])
+    items.append(_count_item(point, rb["repeat"], "requests", nb, nc))
+    return items
+
+
 def length_items(cells: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One item per (point, repeat, request) with both sides' output token counts."""
+    """One item per (point, repeat, request) with both sides' output token counts, and one
+    ``request: -1`` item per (point, repeat) with both sides' request counts and per point
+    with both sides' repeat counts (a side that returned fewer requests or repeats fails)."""
     items: list[dict[str, Any]] = []
     for cell in cells:
         base, cand = cell["sides"]["baseline"]["repeats"], cell["sides"]["candidate"]["repeats"]
         for rb, rc in zip(base, cand):
-            b_req, c_req = rb["requests"], rc["requests"]
-            for i, (lb, lc) in enumerate(zip(b_req["output_lens"], c_req["output_lens"])):
-                items.append(
-                    {
-                        "check": "output_lengths",
-                        "point": cell["point"],
-                        "repeat": rb["repeat"],
-                        "request": i,
-                        "baseline": lb,
-                        "candidate": lc,
-                        "baseline_error": bool(b_req["errors"][i]) if b_req["errors"] else False,
-                        "candidate_error": bool(c_req["errors"][i]) if c_req["errors"] else False,
-                    }
-                )
-            if len(b_req["output_lens"]) != len(c_req["output_lens"]):
-                items.append(
-                    {
-                        "check": "output_lengths",
-                        "point": cell["point"],
-                        "repeat": rb["repeat"],
-                        "request": -1,
-                        "baseline": len(b_req["output_lens"]),
-                        "candidate": len(c_req["output_lens"]),
-                        "baseline_error": False,
-                        "candidate_error": False,
-                    }
-                )
+            items += _request_items(cell["point"], rb, rc)
+        items.append(_count_item(cell["point"], -1, "repeats", len(base), len(cand)))
     return items
 
 
+def _differs(item: Mapping[str, Any]) -> bool:
+    return (item["baseline"] != item["candidate"]
+            or item["baseline_error"] != item["candidate_error"])
+
+
 def lengths_check(items: Sequence[Mapping[str, Any]]) -> Check:
-    """Fail on any request whose output length or success differs between the sides."""
+    """Fail on any request whose output length or success differs between the sides, and on any
+    (point, repeat) where the sides returned different numbers of requests (or repeats)."""
     rows = [i for i in items if i["check"] == "output_lengths"]
-    if not rows:
+    requests = [i for i in rows if i["request"] >= 0]
+    counts = [i for i in rows if i["request"] < 0]
+    if not requests and not any(_differs(i) for i in counts):
         return Check(
             name="same_path_output_lengths", outcome="not_run", reason="no requests measured"
         )
-    bad = [
-        i
-        for i in rows
-        if i["baseline"] != i["candidate"] or i["baseline_error"] != i["candidate_error"]
-    ]
-    if not bad:
+    bad, bad_counts = [i for i in requests if _differs(i)], [i for i in counts if _differs(i)]
+    if not bad and not bad_counts:
         return Check(
             name="same_path_output_lengths",
             outcome="pass",
-            reason=f"{len(rows)} request(s): candidate output lengths equal the baseline's",
+            reason=f"{len(requests)} request(s): candidate output lengths equal the baseline's",
         )
-    short = sum(max(0, i["baseline"] - i["candidate"]) for i in bad)
-    first = bad[0]
-    return Check(
-        name="same_path_output_lengths",
-        outcome="fail",
-        reason=(
-            f"{len(bad)}/{len(rows)} request(s) differ in output length ({short} token(s) "
+    problems = []
+    if bad_counts:
+        first = bad_counts[0]
+        what = first.get("count", "requests")
+        where = first["point"] + (f" r{first['repeat']}" if first["repeat"] >= 0 else "")
+        problems.append(
+            f"{len(bad_counts)} count(s) differ; first: {where}: baseline {first['baseline']} "
+            f"{what}, candidate {first['candidate']}"
+        )
+    if bad:
+        short = sum(max(0, i["baseline"] - i["candidate"]) for i in bad)
+        first = bad[0]
+        problems.append(
+            f"{len(bad)}/{len(requests)} request(s) differ in output length ({short} token(s) "
             f"fewer on the candidate); first: {first['point']} r{first['repeat']} "
             f"request {first['request']}: baseline {first['baseline']}, candidate {first['candidate']}"
-        ),
-    )
+        )
+    return Check(name="same_path_output_lengths", outcome="fail", reason="; ".join(problems))
 
 
 def eval_references(bundle_dir: Path) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from backend.k3_decode.reference.attn_res import attn_res
-from backend.k3_decode.testing import REL_FRO, check_and_record, poison_
+from backend.k3_decode.testing import check_and_record, check_bf16, poison_
 
 pytestmark = pytest.mark.gpu
 OP = "attn_res_norm"
@@ -66,7 +66,7 @@ def test_attn_res_matches_reference(t: int, num_blocks: int, has_delta: bool, wr
                   num_blocks, write_idx, out=out)
     torch.cuda.synchronize()
     case = f"t{t}/nb{num_blocks}/delta{int(has_delta)}/w{write_idx}/norm{int(out_norm)}"
-    ok, msg = check_and_record(OP, f"{case}/out", out, ref, 2e-2, 2e-2, REL_FRO[torch.bfloat16])
+    ok, msg = check_bf16(OP, f"{case}/out", out, ref)
     assert ok, msg
     ok, msg = check_and_record(OP, f"{case}/prefix", inp["prefix"], ref_prefix, 0.0, 2**-8)
     assert ok, msg
@@ -87,8 +87,7 @@ def test_attn_res_strided_blocks() -> None:
     attn_res_norm(inp["prefix"], inp["delta"], blocks, inp["norm_w"], inp["proj_w"],
                   inp["out_norm_w"], 3, 3, out=out)
     torch.cuda.synchronize()
-    ok, msg = check_and_record(OP, "t6/nb3/strided_blocks/out", out, ref, 2e-2, 2e-2,
-                               REL_FRO[torch.bfloat16])
+    ok, msg = check_bf16(OP, "t6/nb3/strided_blocks/out", out, ref)
     assert ok, msg
 
 
@@ -119,8 +118,7 @@ def test_attn_res_block_prefetch_changes_no_bit(t: int, num_blocks: int, has_del
         res.append((out, prefix, blocks))
     torch.cuda.synchronize()
     case = f"t{t}/nb{num_blocks}/w{write_idx}/strided{int(strided)}/prefetch"
-    ok, msg = check_and_record(OP, f"{case}/out", res[1][0], ref, 2e-2, 2e-2,
-                               REL_FRO[torch.bfloat16])
+    ok, msg = check_bf16(OP, f"{case}/out", res[1][0], ref)
     assert ok, msg
     assert all(torch.equal(a, b) for a, b in zip(res[0], res[1])), "prefetch changed bits"
 
@@ -149,8 +147,7 @@ def test_attn_res_upcoming_prefetch_changes_no_bit(t: int, nbytes: int, ctas: in
     same = all(torch.equal(a, b) for a, b in zip(res[0], res[1])) and torch.equal(weight, before)
     ref = attn_res(inp["prefix"].clone(), inp["delta"], inp["blocks"].clone(), inp["norm_w"],
                    inp["proj_w"], inp["out_norm_w"], 3, 3)
-    ok, msg = check_and_record(OP, f"t{t}/upcoming{nbytes}/ctas{ctas}/out", res[1][0], ref,
-                               2e-2, 2e-2, REL_FRO[torch.bfloat16])
+    ok, msg = check_bf16(OP, f"t{t}/upcoming{nbytes}/ctas{ctas}/out", res[1][0], ref)
     assert ok, msg
     assert same, "the upcoming prefetch changed bits"
 
@@ -183,8 +180,7 @@ def test_attn_res_as_a_dependent_launch_is_bit_equal(t: int, num_blocks: int,
     ref = attn_res(inp["prefix"].clone(), delta, inp["blocks"].clone(), inp["norm_w"],
                    inp["proj_w"], inp["out_norm_w"], num_blocks, write_idx)
     case = f"t{t}/nb{num_blocks}/w{write_idx}/pdl"
-    ok, msg = check_and_record(OP, f"{case}/out", res[0][0], ref, 2e-2, 2e-2,
-                               REL_FRO[torch.bfloat16])
+    ok, msg = check_bf16(OP, f"{case}/out", res[0][0], ref)
     assert ok, msg
     assert all(torch.equal(a, b) for a, b in zip(res[0], res[1], strict=True)), "pdl changed bits"
 
@@ -225,8 +221,7 @@ def test_attn_res_early_loads_are_bit_equal(t: int, num_blocks: int, has_delta: 
                    inp["norm_w"], inp["proj_w"], inp["out_norm_w"] if out_norm else None,
                    num_blocks, write_idx)
     case = f"t{t}/nb{num_blocks}/d{int(has_delta)}/w{write_idx}/on{int(out_norm)}/pdl{int(pdl)}"
-    ok, msg = check_and_record(OP, f"{case}/early", res[0][0], ref, 2e-2, 2e-2,
-                               REL_FRO[torch.bfloat16])
+    ok, msg = check_bf16(OP, f"{case}/early", res[0][0], ref)
     assert ok, msg
     assert all(torch.equal(x, y) for x, y in zip(res[0], res[1], strict=True)), "early changed bits"
     applies = num_blocks <= 4 and not 0 <= write_idx < num_blocks

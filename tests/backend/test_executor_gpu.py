@@ -2,12 +2,13 @@
 float64 reference executor and the bf16 stock-equivalent executor.
 
 Each case runs one step from identical caches on all three and checks, per layer and for the
-logits, that the specialized path's error against float64 is within bf16 noise: the median over
-tokens of the per-token relative error is at most twice the stock-equivalent bf16 executor's plus
-1e-3 (both round activations to bf16 between ops), over the tokens not excused by a near-tie
-route flip (random weights make top-16 near-ties common; a token whose expert set differs from
-float64's by one or two experts takes its request far from float64 whichever bf16 path runs;
-larger differences are not excused, see `testing.flipped_tokens` and backend/NOTES.md).
+logits, that the specialized path's error against float64 is within bf16 noise on every token:
+each token's relative error is at most 8 units of bf16 roundoff plus twice the stock-equivalent
+bf16 executor's error on that token (both round activations to bf16 between ops); tokens
+exempted as near-tie route flips are counted in the recorded case (random weights make top-16
+near-ties common; a token whose expert set differs from float64's by one or two experts takes
+its request far from float64 whichever bf16 path runs; larger differences are not exempted, see
+`testing.flipped_tokens` and backend/NOTES.md).
 Also: CUDA-graph replay equals the eager step, the selection trace marks graph replays
 specialized, the KDA + MoE layer's kernel count, TP16 (padded dense layer) and 224 experts.
 """
@@ -29,7 +30,12 @@ from backend.k3_decode.executor.state import blocks_needed, make_caches, synthet
 from backend.k3_decode.executor.torch_ops import TorchOps
 from backend.k3_decode.executor.weights import random_model
 from backend.k3_decode.reference.moe import route
-from backend.k3_decode.testing import flipped_tokens, record_case
+from backend.k3_decode.testing import (
+    check_and_record,
+    flipped_tokens,
+    record_bitwise,
+    record_case,
+)
 from backend.k3_decode.trace import TraceWriter
 
 pytestmark = pytest.mark.gpu
@@ -88,15 +94,25 @@ def _token_rel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-30)
 
 
+BF16_UNIT = 2.0**-8
+"""bf16's unit roundoff: a correctly rounded value is within this of the exact one, relatively."""
+TOKEN_FLOOR = 8 * BF16_UNIT
+"""Per-token allowance beyond twice the stock-equivalent's own error on that token: 8 units of
+bf16 roundoff of the token's reference row (3.1e-2 relative; the stock path's median token
+error over 5 layers is 0.5-1.3e-2 on the H200)."""
+
+
 @pytest.mark.parametrize("tp,depth,experts,reqs,q,ctx", [
     (8, 5, 896, 1, 1, 1024), (8, 5, 896, 4, 4, 2048), (16, 5, 224, 3, 2, 1024)])
 def test_specialized_step_matches_reference(tp, depth, experts, reqs, q, ctx) -> None:
-    """Per layer and for the logits: the median per-token error against float64, over the
-    tokens not excused by a near-tie route flip (each executor its own; a flip excuses the token
-    and the later tokens of its request), at most twice the stock-equivalent's + 1e-3; and the
-    specialized path may excuse at most one request more than the stock-equivalent. If every
-    token of either path is excused, the medians over all tokens are compared instead (and can
-    fail)."""
+    """Per layer and for the logits, EVERY token's relative error against float64 is within
+    `TOKEN_FLOOR` + twice the stock-equivalent's error on the same token, except the tokens
+    exempted as near-tie route flips (`testing.flipped_tokens`: the token's expert set differs
+    from float64's by one or two experts at this or an earlier layer, or an earlier token of its
+    request's did); how many tokens are exempted, and why, is in the case's name. A token the
+    stock path exempted but the specialized did not is held to the stock path's median error
+    over its own gated tokens. If every token is exempted, all are gated (and can fail). The
+    specialized path may exempt at most one request more than the stock-equivalent."""
     ref, stock, spec, inp = _three(tp, depth, experts, reqs, q, ctx)
     lr, hr, rr = _run(ref, inp)
     ls, hs, rs = _run(stock, inp)
@@ -107,26 +123,36 @@ def test_specialized_step_matches_reference(tp, depth, experts, reqs, q, ctx) ->
     def compare(op: str, name: str, upto: int, a_spec, a_stock, a_ref, dtype: str) -> None:
         xk, wk = flipped_tokens(rk, rr, upto, q)
         xs, ws = flipped_tokens(rs, rr, upto, q)
-        ck, cs = ~xk, ~xs
-        if not bool(ck.any()) or not bool(cs.any()):
-            ck = cs = torch.ones_like(ck)
         ek, es = _token_rel(a_spec, a_ref), _token_rel(a_stock, a_ref)
-        e_spec, e_stock = float(ek[ck].median()), float(es[cs].median())
+        gated = ~xk if bool((~xk).any()) else torch.ones_like(xk)
+        stock_clean = es[~xs] if bool((~xs).any()) else es
+        allow = TOKEN_FLOOR + 2 * torch.where(xs, stock_clean.median(), es)
+        ratio = float((ek / allow)[gated].max())
         n_k, n_s = int(xk.view(-1, q).any(-1).sum()), int(xs.view(-1, q).any(-1).sum())
-        ok = (e_spec <= 2 * e_stock + 1e-3 and n_k <= n_s + 1
-              and bool(torch.isfinite(a_spec).all()))
-        record_case(op=op, case=f"{case}-{name}-median-token excused-requests spec={n_k} "
-                    f"stock={n_s} first-divergence-experts spec={wk} stock={ws}", dtype=dtype,
-                    max_abs_err=float(ek.max()), max_rel_err=e_spec, atol=0.0,
-                    rtol=2 * e_stock + 1e-3, passed=ok)
+        label = (f"{case}-{name} gated={int(gated.sum())} exempt={int((~gated).sum())} "
+                 f"(near-tie route flips; first-divergence-experts spec={wk} stock={ws})")
+        ok = record_case(op=op, case=label, dtype=dtype, max_abs_err=float(ek[gated].max()),
+                         max_rel_err=float(ek[gated].median()), atol=TOKEN_FLOOR, rtol=2.0,
+                         max_tol_ratio=ratio)
+        excess = max(0, n_k - n_s)
+        ok &= record_case(op=op, case=f"{case}-{name} exempt requests spec={n_k} stock={n_s}",
+                          dtype="-", max_abs_err=float(excess), max_rel_err=excess / reqs,
+                          atol=1.0, rtol=0.0)
         if not ok:
-            fails.append(f"{name}: specialized {e_spec:.3e} vs stock {e_stock:.3e}, excused "
-                         f"requests {n_k} vs {n_s}")
+            fails.append(f"{name}: worst token at {ratio:.2f} of its allowance, exempt requests "
+                         f"{n_k} vs {n_s}")
 
     for i in hr:
         compare("executor_layer", f"layer{i}", i, hk[i], hs[i], hr[i], "bfloat16")
     compare("executor_logits", "logits", max(hr), lk, ls, lr, "float32")
     assert not fails, f"{case}: {fails}"
+
+
+def _record_counts(case: str, got: list[int], want: list[int]) -> bool:
+    """Record launch counts against the design's: the error is the summed difference."""
+    off = sum(abs(g - w) for g, w in zip(got, want, strict=True))
+    return record_case(op="executor_kernels", case=case, dtype="-", max_abs_err=float(off),
+                       max_rel_err=off / max(1, sum(want)), atol=0.0, rtol=0.0)
 
 
 def test_graph_replay_equals_eager_and_trace_marks_it_specialized(tmp_path) -> None:
@@ -140,11 +166,8 @@ def test_graph_replay_equals_eager_and_trace_marks_it_specialized(tmp_path) -> N
     eager = Executor(spec.ops, spec.weights, eager_caches, max_tokens=4)
     want = eager.step(new)
     writer.close()
-    ok = torch.allclose(got, want, atol=1e-3, rtol=1e-3)
-    record_case(op="executor_graph", case="tp8-r4-replay-vs-eager", dtype="float32",
-                max_abs_err=float((got - want).abs().max()), max_rel_err=_rel(got, want),
-                atol=1e-3, rtol=1e-3, passed=ok)
-    assert ok
+    ok, msg = check_and_record("executor_graph", "tp8-r4-replay-vs-eager", got, want, 1e-3, 1e-3)
+    assert ok, msg
     recs = [json.loads(x) for x in (tmp_path / "trace.jsonl").read_text().splitlines()]
     paths = [(r["path"], r["capture_size"]) for r in recs if r["kind"] == "step"]
     assert paths == [("specialized", 4)]
@@ -155,10 +178,7 @@ def _same_replay(ex: Executor, base: Executor, inp, op: str, case: str) -> bool:
     want = base.capture(inp).replay(inp).clone()
     got = ex.capture(inp).replay(inp).clone()
     torch.cuda.synchronize()
-    same = torch.equal(got, want)
-    record_case(op=op, case=case, dtype="float32", max_abs_err=float((got - want).abs().max()),
-                max_rel_err=_rel(got, want), atol=0.0, rtol=0.0, passed=same)
-    return same
+    return record_bitwise(op, case, "float32", [(got, want)])
 
 
 def test_router_on_a_side_stream_gives_the_same_step() -> None:
@@ -198,9 +218,10 @@ def test_one_token_router_on_a_side_stream(reqs: int, shared: str, monkeypatch) 
         _, seen_b, _ = _run(spec, inp)
         first_moe = 1  # layer 1 is the first KDA + MoE layer: identical input on both sides
         rel = _rel(seen_a[first_moe], seen_b[first_moe])
-        record_case(op="executor_variant", case=f"{label}-layer1-rel", dtype="bfloat16",
-                    max_abs_err=rel, max_rel_err=rel, atol=0.0, rtol=5e-3, passed=rel < 5e-3)
-        assert rel < 5e-3, rel
+        diff = float((seen_a[first_moe] - seen_b[first_moe]).abs().max())
+        ok = record_case(op="executor_variant", case=f"{label}-layer1-rel", dtype="bfloat16",
+                         max_abs_err=diff, max_rel_err=rel, atol=0.0, rtol=5e-3)
+        assert ok, rel
     keys: list = []
     with _compile_keys(monkeypatch, keys):
         names = M.layer_kernels(other, 3, inp)
@@ -253,24 +274,23 @@ def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool, w2: bool | str,
                    spec.caches.clone(), max_tokens=reqs)
     assert pdl.ops.pdl and not plain.ops.pdl
     g_plain, g_pdl = plain.capture(inp), pdl.capture(inp)
-    same = True
-    worst = 0.0
+    pairs, nonfinite = [], 0
     for step in (other, inp, other, inp):
         want = g_plain.replay(step).clone()
         got = g_pdl.replay(step).clone()
         torch.cuda.synchronize()
-        same &= bool(torch.equal(got, want)) and bool(torch.isfinite(want).all())
-        worst = max(worst, float((got - want).abs().max()))
+        pairs.append((got, want))
+        nonfinite += int((~torch.isfinite(want)).sum())
     assert pdl.ops._moe.keywords["pdl"] is w2 and plain.ops._moe.keywords["pdl"] is False
     assert pdl.ops._attn_res.keywords["pdl"] is attnres
     assert (pdl.ops._pdl_qba, pdl.ops._pdl_attend, pdl.ops._pdl_combine) == (mla, True, True)
     assert not (plain.ops._pdl_attend or plain.ops._pdl_combine)
     extra = "-mla" if mla else "-attnres" if attnres else ""
-    record_case(op="executor_pdl",
-                case=f"tp8-r{reqs}-side{int(side)}-w2{int(w2)}{extra}-4-replays-bitwise",
-                dtype="float32", max_abs_err=worst, max_rel_err=0.0, atol=0.0, rtol=0.0,
-                passed=same)
-    assert same, f"PDL changed the logits (max abs diff {worst})"
+    same = record_bitwise("executor_pdl",
+                          f"tp8-r{reqs}-side{int(side)}-w2{int(w2)}{extra}-4-replays-bitwise",
+                          "float32", pairs, bad=nonfinite)
+    worst = max(float((a - b).abs().max()) for a, b in pairs)
+    assert same, f"PDL changed the logits (max abs diff {worst}, {nonfinite} non-finite)"
     # and eagerly, two steps in a row (the second reads caches the first wrote)
     a = [plain.step(x).clone() for x in (inp, other)]
     b = [pdl.step(x).clone() for x in (inp, other)]
@@ -304,11 +324,12 @@ def test_reordering_variants_agree(knob: str, value: str, compiler: str, key: st
                      spec.caches.clone(), max_tokens=reqs)
     a, b = spec.step(inp).float().clone(), other.step(inp).float().clone()
     rel = float((a - b).norm() / a.norm())
-    ok = rel < 2e-2 and torch.equal(a.argmax(-1), b.argmax(-1)) and bool(torch.isfinite(b).all())
-    record_case(op="executor_variant", case=f"{knob}={value}/r{reqs}-logits-rel",
-                dtype="float32", max_abs_err=float((a - b).abs().max()), max_rel_err=rel,
-                atol=0.0, rtol=2e-2, passed=ok)
-    assert ok, rel
+    ok = record_case(op="executor_variant", case=f"{knob}={value}/r{reqs}-logits-rel",
+                     dtype="float32", max_abs_err=float((a - b).abs().max()), max_rel_err=rel,
+                     atol=0.0, rtol=2e-2)
+    top1 = record_bitwise("executor_variant", f"{knob}={value}/r{reqs}-top1", "int64",
+                          [(a.argmax(-1), b.argmax(-1))])
+    assert ok and top1, rel
     keys_spec: list = []
     keys_other: list = []
     with _compile_keys(monkeypatch, keys_spec):
@@ -327,10 +348,8 @@ def test_kda_moe_layer_kernel_count() -> None:
     base = M.layer_kernels(stock, 1, inp)
     _, _, spec4, inp4 = _three(8, 5, 896, 4, 1, 1024)  # caches with a slot per request
     names4 = M.layer_kernels(spec4, 1, inp4)
-    ok = len(names) == 9 and len(names4) == 10
-    record_case(op="executor_kernels",
-                case=f"kda_moe_layer spec={len(names)} spec_b4={len(names4)} stock={len(base)}",
-                dtype="-", max_abs_err=0.0, max_rel_err=0.0, atol=0.0, rtol=0.0, passed=ok)
+    _record_counts(f"kda_moe_layer spec={len(names)} spec_b4={len(names4)} stock={len(base)}",
+                   [len(names), len(names4)], [9, 10])
     assert len(names) == 9, names
     assert len(names4) == 10, names4
     assert len(base) > len(names4)
@@ -361,10 +380,8 @@ def test_mla_moe_layer_kernel_count(qb: str, qba: str, fused: str,
     want = 12 - in_qb + (qb == "0") - 2 * one_core
     # 4 requests at 1k: 16 splits, 48 + 64 + 48 = 160 CTAs, more than the GPU's SMs: never fused
     core4 = sum("mla_core" in n for n in names4)
-    ok = len(names) == want and len(names4) == 14 and core4 == 0
-    record_case(op="executor_kernels", case=f"mla_moe_layer qb={qb} qba={qba} fused={fused} "
-                f"spec={len(names)} spec_b4={len(names4)}", dtype="-", max_abs_err=0.0,
-                max_rel_err=0.0, atol=0.0, rtol=0.0, passed=ok)
+    _record_counts(f"mla_moe_layer qb={qb} qba={qba} fused={fused} spec={len(names)} "
+                   f"spec_b4={len(names4)}", [len(names), len(names4), core4], [want, 14, 0])
     assert len(names) == want, names
     assert len(names4) == 14, names4
     assert sum("mla_qba_kernel" in n for n in names) == in_qb, names
@@ -392,8 +409,8 @@ def test_profile_kernel_patterns_match_one_step(profile: str) -> None:
         names += M.kernels_in(lambda spec=spec, inp=inp: spec.step(inp))
     missing = [p for p in patterns if not any(re.search(p, n) for n in names)]
     record_case(op="executor_kernels", case=f"{profile} proof patterns, missing={missing}",
-                dtype="-", max_abs_err=0.0, max_rel_err=0.0, atol=0.0, rtol=0.0,
-                passed=not missing)
+                dtype="-", max_abs_err=float(len(missing)),
+                max_rel_err=len(missing) / max(1, len(patterns)), atol=0.0, rtol=0.0)
     assert patterns and not missing, missing
 
 
@@ -436,13 +453,11 @@ def test_moe_norm_in_the_tail_gemv_matches_the_w2_epilogue(reqs: int, monkeypatc
     err = {k: _rel(v, want) for k, v in outs.items()}
     names_a = M.layer_kernels(spec, 1, inp)
     names_b = M.layer_kernels(w2, 1, inp)
-    ok = (err["gemv"] <= 1.5 * err["w2"] + 1e-3 and err["gemv"] < 2e-2
-          and len(names_a) == len(names_b))
-    record_case(op="executor_moe_norm", case=f"tp8-r{reqs} moe block rel err vs float64: "
-                f"gemv {err['gemv']:.2e}, w2 {err['w2']:.2e}", dtype="bfloat16",
-                max_abs_err=float((outs["gemv"] - want).abs().max()), max_rel_err=err["gemv"],
-                atol=0.0, rtol=2e-2, passed=ok)
-    assert ok, (err, names_a, names_b)
+    ok = record_case(op="executor_moe_norm", case=f"tp8-r{reqs} moe block rel err vs float64: "
+                     f"gemv {err['gemv']:.2e}, w2 {err['w2']:.2e}", dtype="bfloat16",
+                     max_abs_err=float((outs["gemv"] - want).abs().max()),
+                     max_rel_err=err["gemv"], atol=0.0, rtol=min(1.5 * err["w2"] + 1e-3, 2e-2))
+    assert ok and len(names_a) == len(names_b), (err, names_a, names_b)
     assert any("gemv_normed" in n for n in names_a), names_a
     assert not any("gemv_normed" in n for n in names_b), names_b
     monkeypatch.setenv("K3_DECODE_MOE_NORM", "nope")
@@ -477,13 +492,11 @@ def test_mla_qb_launch_matches_the_separate_q_norm(reqs: int, monkeypatch) -> No
     err = {k: _rel(v, want) for k, v in outs.items()}
     pos = spec.weights.layers.index(layer)
     names_a, names_b = M.layer_kernels(spec, pos, inp), M.layer_kernels(apart, pos, inp)
-    ok = (err["qb"] <= 1.5 * err["apart"] + 1e-3 and err["qb"] < 2e-2
-          and len(names_a) == len(names_b) - 1)
-    record_case(op="executor_mla_qb", case=f"tp8-r{reqs} mla block rel err vs float64: "
-                f"qb {err['qb']:.2e}, apart {err['apart']:.2e}", dtype="bfloat16",
-                max_abs_err=float((outs["qb"] - want).abs().max()), max_rel_err=err["qb"],
-                atol=0.0, rtol=2e-2, passed=ok)
-    assert ok, (err, names_a, names_b)
+    ok = record_case(op="executor_mla_qb", case=f"tp8-r{reqs} mla block rel err vs float64: "
+                     f"qb {err['qb']:.2e}, apart {err['apart']:.2e}", dtype="bfloat16",
+                     max_abs_err=float((outs["qb"] - want).abs().max()), max_rel_err=err["qb"],
+                     atol=0.0, rtol=min(1.5 * err["apart"] + 1e-3, 2e-2))
+    assert ok and len(names_a) == len(names_b) - 1, (err, names_a, names_b)
     assert any("mla_qb" in n for n in names_a) and not any("mla_prep" in n for n in names_a)
     assert any("mla_prep" in n for n in names_b) and not any("mla_qb" in n for n in names_b)
 
@@ -515,12 +528,9 @@ def test_mla_qba_launch_gives_the_same_mla_block(reqs: int, monkeypatch) -> None
     torch.cuda.synchronize()
     pos = spec.weights.layers.index(layer)
     names_a, names_b = M.layer_kernels(spec, pos, inp), M.layer_kernels(apart, pos, inp)
-    same = torch.equal(outs["qba"], outs["apart"]) and torch.equal(caches["qba"],
-                                                                    caches["apart"])
-    record_case(op="executor_mla_qba", case=f"tp8-r{reqs} mla block qba vs absorb apart: "
-                f"bitwise={same}", dtype="bfloat16", max_abs_err=float(
-                    (outs["qba"].float() - outs["apart"].float()).abs().max()),
-                max_rel_err=0.0, atol=0.0, rtol=0.0, passed=same)
+    same = record_bitwise("executor_mla_qba", f"tp8-r{reqs} mla block qba vs absorb apart",
+                          "bfloat16", [(outs["qba"], outs["apart"]),
+                                       (caches["qba"], caches["apart"])])
     assert same
     assert len(names_a) == len(names_b) - 1, (names_a, names_b)
     assert any("mla_qba_kernel" in n for n in names_a), names_a
@@ -550,15 +560,20 @@ def _agrees(ref: Executor, cand: Executor, base: Executor, names: tuple[str, str
     res = {k: v.summary() for k, v in M.agreement(ref, dict(zip(names, (cand, base))), inp,
                                                    steps).items()}
     c, b = res[names[0]], res[names[1]]
-    ok = (c["top1_agreement"] >= b["top1_agreement"] - 0.02
-          and c["kl_median"] <= 2 * b["kl_median"] + 1e-4)
-    for name, r in res.items():
-        record_case(op=op, case=f"{prefix}{name}-{steps}-steps top1={r['top1_agreement']:.4f} "
-                    f"kl_median={r['kl_median']:.2e} kl_max={r['kl_max']:.2e} layer_err_max="
-                    f"{max(r['layer_rel_err_max'].values()):.2e}", dtype="bfloat16",
-                    max_abs_err=r["kl_max"], max_rel_err=max(r["layer_rel_err_max"].values()),
-                    atol=0.0, rtol=0.0, passed=ok)
-    return ok, res
+    about = {name: f"top1={r['top1_agreement']:.4f} kl_median={r['kl_median']:.2e} kl_max="
+             f"{r['kl_max']:.2e} layer_err_max={max(r['layer_rel_err_max'].values()):.2e}"
+             for name, r in res.items()}
+    label = f"{prefix}{names[0]}-vs-{names[1]}-{steps}-steps ({about[names[0]]}; {about[names[1]]})"
+    # top-1 agreement at most 2 points below the baseline's (an absolute bound on the deficit)
+    deficit = max(0.0, b["top1_agreement"] - c["top1_agreement"])
+    top1 = record_case(op=op, case=f"{label} top1 deficit", dtype="bfloat16",
+                       max_abs_err=deficit, max_rel_err=deficit / max(b["top1_agreement"], 1e-9),
+                       atol=0.02, rtol=0.0)
+    # median KL against float64 at most twice the baseline's + 1e-4
+    kl = record_case(op=op, case=f"{label} kl_median", dtype="bfloat16",
+                     max_abs_err=c["kl_median"], max_rel_err=c["kl_median"], atol=0.0,
+                     rtol=2 * b["kl_median"] + 1e-4)
+    return top1 and kl, res
 
 
 def _opt_in(*args):

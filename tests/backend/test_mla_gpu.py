@@ -10,83 +10,17 @@ default, and ``simt``). Every case is recorded through ``record_case``.
 
 from __future__ import annotations
 
-import math
 import zlib
 
 import pytest
 import torch
 
-from backend.k3_decode.reference import mla as ref
-from backend.k3_decode.testing import REL_FRO, check_and_record, poison_, tolerance
+from backend.k3_decode.testing import check_bf16, poison_
+from backend.k3_decode.testing_mla import FP8_SCALE, make_inputs, reference
 
 pytestmark = pytest.mark.gpu
 
 OP = "mla_decode"
-SCALE = 192**-0.5
-FP8_SCALE = 0.02
-
-
-def make_inputs(heads: int, seq_lens: list[int], q: int, cache: str, block_size: int,
-                seed: int, device: str = "cuda") -> dict:
-    """Random decode inputs; the paged cache holds each request's rows in shuffled blocks."""
-    dev = torch.device(device)
-    g = torch.Generator(device=dev).manual_seed(seed)
-    n_req, t = len(seq_lens), len(seq_lens) * q
-
-    def rn(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=g, device=dev) * scale).to(torch.bfloat16)
-
-    max_blocks = max(1, math.ceil(max(seq_lens) / block_size))
-    n_blocks = n_req * max_blocks + 3
-    dtype = torch.float8_e4m3fn if cache == "fp8" else torch.bfloat16
-    kv = torch.empty(n_blocks, block_size, 576, dtype=dtype, device=dev)
-    # every row is NaN until written: a read past a request's length poisons its output
-    nan_bits = 0x7F if cache == "fp8" else 0x7FC0
-    kv.view(torch.uint8 if cache == "fp8" else torch.int16).fill_(nan_bits)
-    perm = torch.randperm(n_blocks, generator=g, device=dev)[: n_req * max_blocks]
-    block_table = perm.view(n_req, max_blocks).to(torch.int32).contiguous()
-    flat = kv.view(-1, 576).view(torch.uint8)
-    for r, length in enumerate(seq_lens):
-        if length == 0:
-            continue
-        rows = torch.randn(length, 576, generator=g, device=dev)
-        stored = ref.quantize_latent_fp8(rows, FP8_SCALE) if cache == "fp8" else rows.bfloat16()
-        pos = torch.arange(length, device=dev)
-        idx = block_table[r, pos // block_size].long() * block_size + pos % block_size
-        flat[idx] = stored.view(torch.uint8)
-    return {
-        "q_nope": rn(t, heads, 128), "q_pe": rn(t, heads, 64), "gate": rn(t, heads * 128),
-        "kv_cache": kv, "block_table": block_table,
-        "seq_lens": torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-        "w_uk_t": rn(heads, 128, 512, scale=128**-0.5),
-        "w_uv": rn(heads, 512, 128, scale=512**-0.5),
-        "kv_scale": FP8_SCALE if cache == "fp8" else 1.0,
-    }
-
-
-def request_rows(inp: dict, r: int) -> torch.Tensor:
-    """Request r's cache rows, dequantized to float64 (gathered through the block table)."""
-    kv, length = inp["kv_cache"], int(inp["seq_lens"][r])
-    bs = kv.shape[1]
-    pos = torch.arange(length, device=kv.device)
-    idx = inp["block_table"][r, pos // bs].long() * bs + pos % bs
-    raw = kv.view(-1, 576).view(torch.uint8)[idx].view(kv.dtype)
-    return ref.dequantize_latent(raw, inp["kv_scale"])
-
-
-def reference(inp: dict, q: int) -> torch.Tensor:
-    """Float64 expected output; tokens of a zero-length (null) request expect zeros."""
-    q_lat = ref.absorb_query(inp["q_nope"], inp["q_pe"], inp["w_uk_t"])
-    parts = []
-    for r, n in enumerate(inp["seq_lens"].tolist()):
-        if n == 0:
-            parts.append(torch.zeros(q, q_lat.shape[1], 512, dtype=torch.float64))
-            continue
-        dense = request_rows(inp, r)[None]
-        o_lat, _ = ref.latent_attention(q_lat[r * q:(r + 1) * q], dense,
-                                        torch.tensor([n]), q, SCALE)
-        parts.append(o_lat)
-    return ref.value_gate(torch.cat(parts), inp["w_uv"].cpu(), inp["gate"].cpu())
 
 
 def run_case(name: str, heads: int, seq_lens: list[int], q: int, cache: str, block_size: int = 64,
@@ -120,9 +54,8 @@ def run_case(name: str, heads: int, seq_lens: list[int], q: int, cache: str, blo
                max_context=max_context, tiling=Tiling(variant=variant))
     torch.cuda.synchronize()
     expected = reference(inp, q)
-    atol, rtol = tolerance(torch.bfloat16)
     label = f"{variant}/{name}/h{heads}/{cache}" + ("/strided" if strided else "")
-    ok, msg = check_and_record(OP, label, out, expected, atol, rtol, REL_FRO[torch.bfloat16])
+    ok, msg = check_bf16(OP, label, out, expected)
     assert ok, msg
     assert torch.isnan(guard[0]).all() and torch.isnan(guard[-1]).all(), "wrote outside `out`"
 
@@ -217,9 +150,7 @@ def test_mla_decode_cuda_graph_replays_new_inputs(variant):
     poison_(out)
     graph.replay()
     torch.cuda.synchronize()
-    atol, rtol = tolerance(torch.bfloat16)
-    ok, msg = check_and_record(OP, f"{variant}/cuda_graph_replay/h12/fp8", out, reference(b, q),
-                               atol, rtol, REL_FRO[torch.bfloat16])
+    ok, msg = check_bf16(OP, f"{variant}/cuda_graph_replay/h12/fp8", out, reference(b, q))
     assert ok, msg
 
 
@@ -262,7 +193,6 @@ def test_mla_decode_pdl_replays_match_the_plain_launch(q, seq_lens):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         qb = step(True, out_pdl)
-    atol, rtol = tolerance(torch.bfloat16)
     for rep in range(4):
         x.copy_(torch.randn(t, 1536, generator=g, device="cuda").bfloat16())
         poison_(out_pdl)
@@ -273,9 +203,8 @@ def test_mla_decode_pdl_replays_match_the_plain_launch(q, seq_lens):
         torch.cuda.synchronize()
         assert torch.equal(out_pdl, out_plain), f"replay {rep}: PDL and plain launches differ"
         ref_in = dict(inp, q_nope=qb[..., :128].clone(), q_pe=qb[..., 128:].clone())
-        ok, msg = check_and_record(OP, f"mma/pdl_graph/q{q}/r{len(seq_lens)}/replay{rep}",
-                                   out_pdl, reference(ref_in, q), atol, rtol,
-                                   REL_FRO[torch.bfloat16])
+        ok, msg = check_bf16(OP, f"mma/pdl_graph/q{q}/r{len(seq_lens)}/replay{rep}",
+                              out_pdl, reference(ref_in, q))
         assert ok, msg
 
 
@@ -324,7 +253,6 @@ def test_mla_decode_fused_launch_is_bit_identical_to_three(cache, q, seq_lens, h
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         qb = step(True, out_f)
-    atol, rtol = tolerance(torch.bfloat16)
     for rep in range(4):
         x.copy_(torch.randn(t, 1536, generator=g, device="cuda").bfloat16())
         poison_(out_f)
@@ -336,8 +264,8 @@ def test_mla_decode_fused_launch_is_bit_identical_to_three(cache, q, seq_lens, h
         torch.cuda.synchronize()
         assert torch.equal(got.view(torch.int16), out_3.view(torch.int16)), f"replay {rep}"
         want = dict(inp, q_nope=qb[..., :128].contiguous(), q_pe=qb[..., 128:].contiguous())
-        ok, msg = check_and_record(OP, f"fused/q{q}/r{len(seq_lens)}/h{heads}/{cache}/rep{rep}",
-                                   got, reference(want, q), atol, rtol, REL_FRO[torch.bfloat16])
+        ok, msg = check_bf16(OP, f"fused/q{q}/r{len(seq_lens)}/h{heads}/{cache}/rep{rep}",
+                              got, reference(want, q))
         assert ok, msg
 
 
@@ -433,9 +361,8 @@ def test_mla_decode_four_tokens_per_combine_cta(name, seq_lens, q, cache):
     inp = make_inputs(heads, seq_lens, q, cache, 64, seed=zlib.crc32(name.encode()))
     outs = dict(zip((8, 4), _decodes(inp, q, max(seq_lens), *(
         {"tiling": Tiling(tokens_per_cta=tpc)} for tpc in (8, 4))), strict=True))
-    atol, rtol = tolerance(torch.bfloat16)
-    ok, msg = check_and_record(OP, f"mma/tpc4/{name}/h{heads}/{cache}", outs[4],
-                               reference(inp, q), atol, rtol, REL_FRO[torch.bfloat16])
+    ok, msg = check_bf16(OP, f"mma/tpc4/{name}/h{heads}/{cache}", outs[4],
+                          reference(inp, q))
     assert ok, msg
     assert torch.equal(outs[4], outs[8]), "4-token CTAs changed bits"
 
@@ -457,9 +384,8 @@ def test_mla_decode_fp8_tile32(name, seq_lens, q, cache):
     tiling = Tiling(tokens_per_cta=4, fp8_tile=32)
     outs = _decodes(inp, q, max(seq_lens), *({"tiling": tiling, "pdl_attend": pdl}
                                              for pdl in (False, True)))
-    atol, rtol = tolerance(torch.bfloat16)
-    ok, msg = check_and_record(OP, f"mma/tile32/{name}/h{heads}/{cache}", outs[0],
-                               reference(inp, q), atol, rtol, REL_FRO[torch.bfloat16])
+    ok, msg = check_bf16(OP, f"mma/tile32/{name}/h{heads}/{cache}", outs[0],
+                          reference(inp, q))
     assert ok, msg
     assert torch.equal(outs[0], outs[1]), "the dependent-launch build changed bits"
 
@@ -481,8 +407,7 @@ def test_mla_decode_combine_prefetch_changes_no_bit(seq_lens, q, nbytes):
     before = o_proj.clone()
     outs = _decodes(inp, q, max(seq_lens), *({"upcoming": up, "upcoming_bytes": nbytes}
                                              for up in (None, o_proj)))
-    atol, rtol = tolerance(torch.bfloat16)
-    ok, msg = check_and_record(OP, f"mma/combine_prefetch/r{len(seq_lens)}/q{q}/{nbytes}",
-                               outs[1], reference(inp, q), atol, rtol, REL_FRO[torch.bfloat16])
+    ok, msg = check_bf16(OP, f"mma/combine_prefetch/r{len(seq_lens)}/q{q}/{nbytes}",
+                          outs[1], reference(inp, q))
     assert ok, msg
     assert torch.equal(outs[0], outs[1]) and torch.equal(o_proj, before)

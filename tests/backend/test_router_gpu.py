@@ -12,7 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.k3_decode.testing import check_and_record, poison_, record_case
+from backend.k3_decode.testing import (
+    check_and_record,
+    check_bf16,
+    poison_,
+    record_bitwise,
+    record_case,
+)
 
 pytestmark = pytest.mark.gpu
 OP = "router"
@@ -85,9 +91,8 @@ def test_router_ties_break_to_lower_index() -> None:
     inp["gate_w"][:, :] = 0
     inp["bias"][:] = 0.25
     _, ids, _ = run_kernel(inp)
-    flat_ok = bool((ids.cpu() == torch.arange(16, dtype=torch.int32)).all())
-    record_case(op=OP, case="e896/b8/all_tied/ids", dtype="int32", max_abs_err=0.0 if flat_ok
-                else 1.0, max_rel_err=0.0, atol=0.0, rtol=0.0, passed=flat_ok)
+    order = torch.arange(16, dtype=torch.int32).expand_as(ids.cpu())
+    flat_ok = record_bitwise(OP, "e896/b8/all_tied/ids", "int32", [(ids.cpu(), order)])
     assert flat_ok, ids
     inp = make_inputs(8, 896, seed=6)
     hot = torch.zeros(896, device="cuda")
@@ -155,13 +160,11 @@ def test_router_with_front_projection(batch: int) -> None:
     got = route(inp["x"], inp["gate_w"], inp["bias"], out=out, front=front, front_out=fo)
     torch.cuda.synchronize()
     assert got[3] is fo
-    same = all(torch.equal(a, b) for a, b in zip(got[:3], want))
-    record_case(op=OP, case=f"e896/b{batch}/with_front/routing_bitwise", dtype="float32",
-                max_abs_err=float((got[2] - want[2]).abs().max()), max_rel_err=0.0, atol=0.0,
-                rtol=0.0, passed=same)
+    same = record_bitwise(OP, f"e896/b{batch}/with_front/routing_bitwise", "float32",
+                          list(zip(got[:3], want, strict=True)))
     assert same
     ref = inp["x"].double() @ front.double().T
-    ok, msg = check_and_record(OP, f"e896/b{batch}/with_front/front_out", fo, ref, 2e-3, 1e-2)
+    ok, msg = check_bf16(OP, f"e896/b{batch}/with_front/front_out", fo, ref)
     assert ok, msg
 
 
@@ -178,10 +181,8 @@ def test_router_rolled_rounds_give_the_same_routing(experts: int, batch: int, to
     inp["bias"][[3, 7]] += 5.0  # ... that both get picked
     want = run_kernel(inp, top_k, 1.5)
     got = run_kernel(inp, top_k, 1.5, rolled=True)
-    same = all(torch.equal(a, b) for a, b in zip(got, want))
-    record_case(op=OP, case=f"e{experts}/b{batch}/top{top_k}/rolled_vs_unrolled_bitwise",
-                dtype="float32", max_abs_err=float((got[0] - want[0]).abs().max()),
-                max_rel_err=0.0, atol=0.0, rtol=0.0, passed=same)
+    same = record_bitwise(OP, f"e{experts}/b{batch}/top{top_k}/rolled_vs_unrolled_bitwise",
+                          "float32", list(zip(got, want, strict=True)))
     assert same, (got[1][:2], want[1][:2])
     assert bool((got[1] == 3).any(dim=-1).all()) and bool((got[1] == 7).any(dim=-1).all())
     check(f"e{experts}/b{batch}/top{top_k}/rolled", inp, top_k, 1.5, rolled=True)
@@ -207,10 +208,8 @@ def test_router_front_with_row_prefetch_is_bit_equal(batch: int, rolled: bool) -
         res.append(route(inp["x"], inp["gate_w"], inp["bias"], out=out, front=front,
                          front_out=fo, rolled=rolled and pf, prefetch=pf))
     torch.cuda.synchronize()
-    same = all(torch.equal(a, b) for a, b in zip(res[0], res[1]))
-    record_case(op=OP, case=f"e896/b{batch}/front/prefetch/rolled={rolled}/bitwise",
-                dtype="float32", max_abs_err=float((res[0][2] - res[1][2]).abs().max()),
-                max_rel_err=0.0, atol=0.0, rtol=0.0, passed=same)
+    same = record_bitwise(OP, f"e896/b{batch}/front/prefetch/rolled={rolled}/bitwise",
+                          "float32", list(zip(res[0], res[1], strict=True)))
     assert same
 
 
@@ -247,8 +246,6 @@ def test_router_as_a_dependent_launch_is_bit_equal(batch: int, front_rows: int) 
         res.append(route(x, inp["gate_w"], inp["bias"], out=out, rolled=True, pdl=pdl, **kw))
     torch.cuda.synchronize()
     assert bool(torch.isfinite(res[0][2]).all()), "the dependent router read x before its wait"
-    same = all(torch.equal(a, b) for a, b in zip(res[0], res[1], strict=True))
-    record_case(op=OP, case=f"e896/b{batch}/front{front_rows}/pdl/bitwise", dtype="float32",
-                max_abs_err=float((res[0][2] - res[1][2]).abs().max()), max_rel_err=0.0,
-                atol=0.0, rtol=0.0, passed=same)
+    same = record_bitwise(OP, f"e896/b{batch}/front{front_rows}/pdl/bitwise", "float32",
+                          list(zip(res[0], res[1], strict=True)))
     assert same
