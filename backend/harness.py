@@ -213,7 +213,8 @@ def run_points(point: HarnessPoint) -> Iterator[HarnessRepeat]:
         for _ in range(max(1, point.warmup_requests)):
             side.graph.replay()
     torch.cuda.synchronize()
-    config = _digest({**s, "context": p.input_len, "q": 1 + p.draft_len})
+    knobs = {**s, "context": p.input_len, "q": 1 + p.draft_len}
+    config = _digest(knobs)
     prompts = _digest(inp.token_ids.tolist())
     out_len = round(p.output_len * acc)
     for k in range(point.repeats):
@@ -231,7 +232,7 @@ def run_points(point: HarnessPoint) -> Iterator[HarnessRepeat]:
                 side=side.name, repeat=k, metrics=_metrics(times, p.batch, acc),
                 output_lens=(out_len,) * p.batch, concurrency_reached=p.batch,
                 prompts_sha256=prompts, mean_input_tokens=float(p.input_len),
-                server_config_sha256=config, evidence=tuple(evidence),
+                server_config_sha256=config, server_config=knobs, evidence=tuple(evidence),
                 counters={"step_ms_sum": sum(times), "steps": float(len(times))},
             )
     for side in (base, cand):

@@ -56,6 +56,9 @@ class HarnessRepeat(Record):
     prompts_sha256: str
     mean_input_tokens: float
     server_config_sha256: str | None = None
+    server_config: dict[str, Any] | None = None
+    """The configuration ``server_config_sha256`` digests, so ``k3ft diff`` can name the fields
+    that differ between two bundles."""
     counters: dict[str, float] | None = None
     """Deltas of ``vllm:spec_decode_num_drafts_total`` / ``..._accepted_tokens_total`` or equivalents."""
     evidence: tuple[dict[str, Any], ...] = ()
@@ -154,5 +157,6 @@ def measure_with_harness(fn: HarnessFn, point: HarnessPoint, bundle_dir: Any) ->
             "failed": sum(d["requests"]["failed"] for d in data["repeats"]),
             "mean_input_tokens": sum(r.mean_input_tokens for r in own) / len(own),
         }
+        data["server_config"] = own[0].server_config
     return {"point": point.point, "params": point.params.model_dump(mode="json"), "sides": sides,
             "evidence": evidence}

@@ -164,6 +164,8 @@ def measure_point(job: PointJob) -> dict[str, Any]:
         sides[side]["conditions"] = side_conditions(
             job, side, sides[side]["repeats"], prompt_digests, n
         )
+        config = job.targets[side].config
+        sides[side]["server_config"] = dict(config) if config is not None else None
     return {"point": job.point, "params": job.params.model_dump(mode="json"), "sides": sides}
 
 

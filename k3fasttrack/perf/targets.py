@@ -25,6 +25,8 @@ class Target:
     metrics: Callable[[], Mapping[str, float]] | None = None
     config_sha256: str | None = None
     """Digest of the side's effective configuration without the profile's switch."""
+    config: Mapping[str, str] | None = None
+    """The configuration ``config_sha256`` digests (recorded so ``k3ft diff`` can name fields)."""
     check_alive: Callable[[], None] | None = None
     """Raises (``ServerDied``) when the side's server is gone; called after a repeat with errors."""
 

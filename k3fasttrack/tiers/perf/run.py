@@ -109,18 +109,19 @@ def _harness_cells(ctx: TierContext, grid: SweepGrid, cells: list[Cell]) -> list
     return out
 
 
-def config_digests(pair: Any) -> dict[str, str | None]:
-    """Equal digests (of the shared configuration) when the pair differs only in the switch;
-    otherwise each side's own full configuration digest, so the points become incomparable."""
+def config_digests(pair: Any) -> dict[str, tuple[str, dict[str, str]]]:
+    """Per side, the digest and the configuration it digests: the shared configuration when the
+    pair differs only in the switch; otherwise each side's own full configuration, so the points
+    become incomparable."""
 
     def sha(d: dict[str, str]) -> str:
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
     base, cand = pair.baseline.effective_config(), pair.candidate.effective_config()
     if pair.switch_check().confirmed:
-        common = sha({k: v for k, v in base.items() if cand.get(k) == v})
-        return {"baseline": common, "candidate": common}
-    return {"baseline": sha(base), "candidate": sha(cand)}
+        common = {k: v for k, v in base.items() if cand.get(k) == v}
+        return {"baseline": (sha(common), common), "candidate": (sha(common), common)}
+    return {"baseline": (sha(base), base), "candidate": (sha(cand), cand)}
 
 
 def _bench_cells(
@@ -132,7 +133,8 @@ def _bench_cells(
     digests = config_digests(pair)
     targets = {
         side: Target(
-            side, srv.url, srv.metrics, digests[side], check_alive=partial(_check_alive, srv)
+            side, srv.url, srv.metrics, digests[side][0], config=digests[side][1],
+            check_alive=partial(_check_alive, srv),
         )
         for side, srv in pair.sides()
     }
