@@ -6,6 +6,8 @@ before an out-of-scope registry, and more review paths than one table shows.
 
 from __future__ import annotations
 
+import re
+
 from k3fasttrack.models.base import Check
 from k3fasttrack.models.isolation import ChangeClass, IsolationReport, PathChange
 from k3fasttrack.summary import tier_detail
@@ -49,7 +51,8 @@ def table_rows(body: str) -> list[list[str]]:
     for line in lines[start:]:
         if not line.startswith("|"):
             break
-        rows.append([cell.strip() for cell in line.strip("|").split(" | ")])
+        # cells are inert markdown: a backslash escapes the character after it
+        rows.append([re.sub(r"\\(.)", r"\1", cell.strip()) for cell in line.strip("|").split(" | ")])
     return rows
 
 

@@ -1,110 +1,23 @@
-"""`k3ft comment` against a loopback stand-in for the GitHub REST API.
+"""`k3ft comment` against a loopback stand-in for the GitHub REST API (`FakeGitHub`: GitHub
+itself is unreachable from here), and the workflows that run it.
 
-GitHub itself is unreachable from here, so `FakeGitHub` implements the three endpoints the bot
-uses (list issue comments with Link pagination, create, update) and records every request.
 The bundles are real: built by `k3ft validate` on a fast profile and signed with a real key.
 """
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import yaml
+from prbot_support import TOKEN, FakeGitHub, code_repo, commit_change, git
 
 from k3fasttrack.summary import MARKER
 
-TOKEN = "ghp_k3ftSECRETtoken0123456789abcdef"
-BOT = "github-actions[bot]"
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class FakeGitHub:
-    """Issue comments of one PR, served with per_page pagination; failures can be injected."""
-
-    def __init__(self, per_page: int = 2) -> None:
-        self.comments: list[dict] = []
-        self.requests: list[tuple[str, str, str]] = []
-        self.auth_headers: set[str] = set()
-        self.fail_next: list[int] = []
-        self.per_page = per_page
-        self.next_id = 100
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a) -> None:
-                pass
-
-            def _send(self, code: int, body, headers: dict | None = None) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _handle(self, method: str) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length).decode() if length else ""
-                fake.requests.append((method, self.path, body))
-                fake.auth_headers.add(self.headers.get("Authorization", ""))
-                if fake.fail_next:
-                    self._send(fake.fail_next.pop(0), {"message": "injected"})
-                    return
-                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-                    self._send(401, {"message": "Bad credentials"})
-                    return
-                m = re.match(r"/repos/o/r/issues/7/comments(\?.*)?$", self.path)
-                if method == "GET" and m:
-                    pm = re.search(r"[?&]page=(\d+)", self.path)
-                    page = int(pm.group(1)) if pm else 1
-                    lo = (page - 1) * fake.per_page
-                    items = fake.comments[lo: lo + fake.per_page]
-                    headers = {}
-                    if lo + fake.per_page < len(fake.comments):
-                        nxt = f"http://{self.headers['Host']}/repos/o/r/issues/7/comments?" \
-                              f"per_page=100&page={page + 1}"
-                        headers["Link"] = f'<{nxt}>; rel="next"'
-                    self._send(200, items, headers)
-                elif method == "POST" and m:
-                    fake.next_id += 1
-                    c = {"id": fake.next_id, "user": {"login": BOT},
-                         "body": json.loads(body)["body"]}
-                    fake.comments.append(c)
-                    self._send(201, c)
-                elif method == "PATCH" and (m2 := re.match(r"/repos/o/r/issues/comments/(\d+)$",
-                                                          self.path)):
-                    for c in fake.comments:
-                        if c["id"] == int(m2.group(1)):
-                            c["body"] = json.loads(body)["body"]
-                            self._send(200, c)
-                            return
-                    self._send(404, {"message": "Not Found"})
-                else:
-                    self._send(404, {"message": "Not Found"})
-
-            def do_GET(self) -> None:
-                self._handle("GET")
-
-            def do_POST(self) -> None:
-                self._handle("POST")
-
-            def do_PATCH(self) -> None:
-                self._handle("PATCH")
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def bot_comments(self) -> list[dict]:
-        return [c for c in self.comments if c["user"]["login"] == BOT
-                and c["body"].startswith(MARKER)]
 
 
 @pytest.fixture
@@ -115,7 +28,7 @@ def gh():
 
 
 @pytest.fixture(scope="module")
-def signed_bundle(tmp_path_factory) -> tuple[Path, Path, dict]:
+def signed_bundle(tmp_path_factory) -> tuple[Path, Path, dict, str]:
     tmp = tmp_path_factory.mktemp("bundle")
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp / "config")}
     profile = tmp / "p.yaml"
@@ -127,26 +40,32 @@ def signed_bundle(tmp_path_factory) -> tuple[Path, Path, dict]:
                            str(profile), "--out", str(tmp / "run")], env=env,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    return tmp / "run/bundle.tar.gz", tmp / "config/k3ft/k3ft_ed25519.allowed_signers", env
+    bundle, signers = tmp / "run/bundle.tar.gz", tmp / "config/k3ft/k3ft_ed25519.allowed_signers"
+    ver = subprocess.run([sys.executable, "-m", "k3fasttrack", "verify", str(bundle),
+                          "--allowed-signers", str(signers), "--json"], env=env,
+                         capture_output=True, text=True)
+    head = json.loads(ver.stdout)["git_commit"]
+    assert head, "the bundle names the commit it ran"
+    return bundle, signers, env, head
 
 
-def comment(bundle: Path, signers: Path, env: dict, gh: FakeGitHub, *extra: str):
+def comment(bundle: Path, signers: Path, env: dict, gh: FakeGitHub, *extra: str, head: str):
     env = {**env, "GITHUB_TOKEN": TOKEN, "GITHUB_API_URL": gh.url}
     return subprocess.run([sys.executable, "-m", "k3fasttrack", "comment", str(bundle),
                            "--repo", "o/r", "--pr", "7", "--allowed-signers", str(signers),
-                           *extra], env=env, capture_output=True, text=True)
+                           "--head-sha", head, *extra], env=env, capture_output=True, text=True)
 
 
 def test_first_run_creates_second_edits_and_others_left_alone(signed_bundle, gh) -> None:
-    bundle, signers, env = signed_bundle
+    bundle, signers, env, head = signed_bundle
     # Someone else quoting the marker, plus filler so the list spans several pages.
     gh.comments += [{"id": i, "user": {"login": "mallory"}, "body": f"{MARKER}\nfake {i}"}
                     for i in range(1, 4)]
-    first = comment(bundle, signers, env, gh)
+    first = comment(bundle, signers, env, gh, head=head)
     assert first.returncode == 0, first.stderr
     assert "created comment" in first.stderr
     assert len(gh.bot_comments()) == 1
-    second = comment(bundle, signers, env, gh)
+    second = comment(bundle, signers, env, gh, head=head)
     assert second.returncode == 0, second.stderr
     assert "updated comment" in second.stderr
     assert len(gh.bot_comments()) == 1
@@ -156,12 +75,12 @@ def test_first_run_creates_second_edits_and_others_left_alone(signed_bundle, gh)
 
 
 def test_bundle_failing_verification_posts_the_failure(signed_bundle, gh, tmp_path) -> None:
-    bundle, signers, env = signed_bundle
+    bundle, signers, env, head = signed_bundle
     folder = tmp_path / "tampered"
     subprocess.run(["tar", "xzf", str(bundle), "-C", str(tmp_path)], check=True)
     shutil.move(str(tmp_path / "bundle"), folder)
     (folder / "kernels/pytest.log").write_text("edited after signing\n")
-    proc = comment(folder, signers, env, gh)
+    proc = comment(folder, signers, env, gh, head=head)
     assert proc.returncode == 1
     body = gh.bot_comments()[0]["body"]
     assert "bundle rejected" in body and "pytest.log" in body
@@ -169,9 +88,9 @@ def test_bundle_failing_verification_posts_the_failure(signed_bundle, gh, tmp_pa
 
 
 def test_retries_5xx_and_rate_limit_then_succeeds(signed_bundle, gh) -> None:
-    bundle, signers, env = signed_bundle
+    bundle, signers, env, head = signed_bundle
     gh.fail_next = [502, 429]
-    proc = comment(bundle, signers, env, gh)
+    proc = comment(bundle, signers, env, gh, head=head)
     assert proc.returncode == 0, proc.stderr
     assert len(gh.bot_comments()) == 1
 
@@ -179,18 +98,19 @@ def test_retries_5xx_and_rate_limit_then_succeeds(signed_bundle, gh) -> None:
 @pytest.mark.parametrize("code,expect", [(401, "token was rejected"),
                                          (404, "not found: check --repo")])
 def test_auth_errors_are_one_clear_line(signed_bundle, gh, code, expect) -> None:
-    bundle, signers, env = signed_bundle
+    bundle, signers, env, head = signed_bundle
     gh.fail_next = [code]
-    proc = comment(bundle, signers, env, gh)
+    proc = comment(bundle, signers, env, gh, head=head)
     assert proc.returncode == 2
     assert expect in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_token_never_logged_or_bundled(signed_bundle, gh) -> None:
-    bundle, signers, env = signed_bundle
+    bundle, signers, env, head = signed_bundle
     gh.fail_next = [500, 401]
-    outputs = [comment(bundle, signers, env, gh), comment(bundle, signers, env, gh),
-               comment(bundle, signers, env, gh, "--json")]
+    outputs = [comment(bundle, signers, env, gh, head=head),
+               comment(bundle, signers, env, gh, head=head),
+               comment(bundle, signers, env, gh, "--json", head=head)]
     assert f"Bearer {TOKEN}" in gh.auth_headers  # the token was really sent
     for proc in outputs:
         assert TOKEN not in proc.stdout + proc.stderr
@@ -200,11 +120,11 @@ def test_token_never_logged_or_bundled(signed_bundle, gh) -> None:
 
 
 def test_dry_run_prints_exactly_the_body(signed_bundle, gh) -> None:
-    bundle, signers, env = signed_bundle
-    dry = comment(bundle, signers, {**env, "GITHUB_TOKEN": ""}, gh, "--dry-run")
+    bundle, signers, env, head = signed_bundle
+    dry = comment(bundle, signers, {**env, "GITHUB_TOKEN": ""}, gh, "--dry-run", head=head)
     assert dry.returncode == 0
     assert gh.requests == []
-    comment(bundle, signers, env, gh)
+    comment(bundle, signers, env, gh, head=head)
     assert gh.bot_comments()[0]["body"] == dry.stdout
 
 
@@ -218,8 +138,64 @@ def test_workflows_pass_actionlint() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def _comment_steps() -> list[dict]:
+    doc = yaml.safe_load((ROOT / ".github/workflows/k3ft-pr-comment.yml").read_text())
+    return doc["jobs"]["comment"]["steps"]
+
+
 def test_write_token_job_never_runs_pr_code() -> None:
     text = (ROOT / ".github/workflows/k3ft-pr-comment.yml").read_text()
     assert "workflow_run" in text and "pull_request_target" not in text
-    assert "ref: ${{ github.event.repository.default_branch }}" in text
-    assert "head_sha }}" not in text.split("checkout")[1].split("\n")[2]
+    steps = _comment_steps()
+    checkouts = [i for i, s in enumerate(steps) if s.get("uses", "").startswith("actions/checkout")]
+    first, pr_head = (steps[i]["with"] for i in checkouts)
+    assert first["ref"] == "${{ github.event.repository.default_branch }}" and "path" not in first
+    # The PR head is fetched as data into its own folder, after k3ft is installed, without the
+    # token, and no later step runs, installs or uses anything from that folder.
+    assert pr_head["path"] == "pr-head" and pr_head["persist-credentials"] is False
+    assert pr_head["ref"] == "${{ github.event.workflow_run.head_sha }}"
+    install = next(i for i, s in enumerate(steps) if "pip install" in s.get("run", ""))
+    assert install < checkouts[1]
+    for step in steps[checkouts[1] + 1:]:
+        assert not step.get("uses", "").startswith("./") and "working-directory" not in step
+        words = step.get("run", "").replace("\\\n", " ").split()
+        for i, word in enumerate(words):
+            if "pr-head" in word:  # only ever a folder git reads or k3ft hashes
+                assert words[i - 1] in ("-C", "--code"), step["run"]
+
+
+def test_comment_step_binds_the_bundle_to_the_pr_code() -> None:
+    run = next(s for s in _comment_steps() if "k3ft comment" in s.get("run", ""))
+    cmd = run["run"].replace("\\\n", " ").split()
+    comment_at = cmd.index("comment")
+    assert cmd[comment_at + 1:].count("--head-sha") == 1
+    assert cmd[cmd.index("--head-sha") + 1] == '"$CODE_SHA"'
+    assert run["env"]["CODE_SHA"] == "${{ steps.code.outputs.sha }}"
+    assert cmd[comment_at:].index("--code") and "pr-head" in cmd[comment_at:]
+    verify = cmd[cmd.index("verify"):comment_at]
+    assert "--code" in verify and "pr-head" in verify  # k3ft verify --code is what runs
+
+
+def _code_commit(tmp_path: Path, head: str) -> str:
+    """Run the workflow's own script that picks the PR's code commit, on a real clone."""
+    step = next(s for s in _comment_steps() if s.get("id") == "code")
+    out = tmp_path / "github_output"
+    out.unlink(missing_ok=True)
+    subprocess.run(["bash", "-e", "-c", step["run"]], cwd=tmp_path, check=True,
+                   env={**os.environ, "HEAD_SHA": head, "GITHUB_OUTPUT": str(out)})
+    return out.read_text().strip().removeprefix("sha=")
+
+
+def test_code_commit_is_the_head_or_the_parent_of_a_bundle_only_commit(tmp_path) -> None:
+    repo, first = code_repo(tmp_path / "pr-head")
+    (repo / "bundles/pr").mkdir(parents=True)
+    (repo / "bundles/pr/bundle.tar.gz").write_bytes(b"bundle")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "add the bundle")
+    head = git(repo, "rev-parse", "HEAD")
+    assert _code_commit(tmp_path, head) == first  # the bundle cannot name its own commit
+    assert git(repo, "rev-parse", "HEAD") == first and not (repo / "bundles/pr").exists()
+    git(repo, "checkout", "-q", head)
+    changed = commit_change(repo)  # code edited after the bundle: the head is the code
+    assert _code_commit(tmp_path, changed) == changed
+    assert git(repo, "rev-parse", "HEAD") == changed

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Annotated
 
@@ -12,13 +13,21 @@ import typer
 
 from k3fasttrack.errors import EXIT_FAIL, UsageError
 
+_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+
 
 def comment_command(
-    bundle: Annotated[Path, typer.Argument(help="Bundle folder or .tar.gz archive.")],
+    bundle: Annotated[Path, typer.Argument(
+        help="Bundle folder, .tar.gz archive, or the run folder k3ft validate printed.")],
     repo: Annotated[str, typer.Option(help="OWNER/NAME of the repository.")],
     pr: Annotated[int, typer.Option(help="Pull request number.", min=1)],
     allowed_signers: Annotated[Path, typer.Option(help="allowed_signers file the bundle must "
                                                   "verify against.")],
+    head_sha: Annotated[str, typer.Option(
+        help="Full commit id of the PR's code: the bundle must be signed for this commit.")],
+    code: Annotated[Path | None, typer.Option(
+        help="A checkout of that commit (never executed): the bundle's tree digest must match "
+        "its files, as `k3ft verify --code` checks.")] = None,
     bot_login: Annotated[str, typer.Option(
         envvar="K3FT_BOT_LOGIN", help="Login that authors the bot's comments (the sticky "
         "comment is found by its hidden marker AND this author).")] = "github-actions[bot]",
@@ -27,19 +36,23 @@ def comment_command(
                                           "nothing, need no token.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Result as JSON on stdout.")] = False,
 ) -> None:
-    """Verify BUNDLE, then create or edit the bot's one comment on the PR.
+    """Verify BUNDLE, check that it was made for the PR's code, then create or edit the bot's
+    one comment on the PR.
 
-    A bundle that fails verification is not summarised: the failure is posted instead, and
-    the command exits 1. The token comes from GITHUB_TOKEN and is never printed.
+    A bundle that fails verification, or was made for another commit or tree, is not
+    summarised: the rejection is posted instead, and the command exits 1. The token comes
+    from GITHUB_TOKEN and is never printed.
     """
     from k3fasttrack.prbot import post, render_comment
     from k3fasttrack.prbot.github import GitHub
+    from k3fasttrack.summary.source import bundle_path
 
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", repo):
-        raise UsageError(f"--repo must be OWNER/NAME, not {repo!r}")
-    if not allowed_signers.is_file():
-        raise UsageError(f"--allowed-signers {allowed_signers}: no such file")
-    body, verified = render_comment(bundle, allowed_signers, max_chars)
+    _check_options(repo, allowed_signers, head_sha, code)
+    rendered = render_comment(bundle_path(bundle), allowed_signers, max_chars,
+                              head_sha=head_sha.lower(), code=code)
+    body, verified = rendered.body, rendered.verified
+    if rendered.problem:
+        typer.echo(f"k3ft comment: bundle rejected: {rendered.problem}", err=True)
     if dry_run:
         typer.echo(json.dumps({"action": "dry-run", "verified": verified, "body": body})
                    if as_json else body, nl=not body.endswith("\n") or as_json)
@@ -56,9 +69,32 @@ def comment_command(
         typer.echo(json.dumps({"action": posted.action, "comment_id": posted.comment_id,
                                "verified": verified}))
     typer.echo(f"k3ft comment: {posted.action} comment {posted.comment_id} on {repo}#{pr}"
-               f"{'' if verified else ' (bundle failed verification: posted the failure)'}",
+               f"{'' if verified else ' (bundle rejected: posted the rejection)'}",
                err=True)
     raise typer.Exit(0 if verified else EXIT_FAIL)
+
+
+def _check_options(repo: str, allowed_signers: Path, head_sha: str, code: Path | None) -> None:
+    """Operator mistakes end with one line and exit 2, before anything is posted."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", repo):
+        raise UsageError(f"--repo must be OWNER/NAME, not {repo!r}")
+    if not allowed_signers.is_file():
+        raise UsageError(f"--allowed-signers {allowed_signers}: no such file")
+    if not _SHA.fullmatch(head_sha.lower()):
+        raise UsageError(f"--head-sha must be a full hex commit id, not {head_sha!r}")
+    if code is not None and not _is_work_tree(code):
+        raise UsageError(f"--code {code}: not a git work tree")
+
+
+def _is_work_tree(path: Path) -> bool:
+    if not path.is_dir():
+        return False
+    try:
+        out = subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], cwd=path,
+                             capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and out.stdout.strip() == "true"
 
 
 def register(app: typer.Typer) -> None:

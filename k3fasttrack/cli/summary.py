@@ -2,39 +2,87 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
-from k3fasttrack.errors import BundleFormatError
+from k3fasttrack.errors import EXIT_FAIL, BundleFormatError, K3ftError, VerificationError
 
 
 def summary_command(
-    bundle: Annotated[Path, typer.Argument(help="Bundle folder or .tar.gz archive.")],
+    bundle: Annotated[Path, typer.Argument(
+        help="Bundle folder, .tar.gz archive, or the run folder k3ft validate printed.")],
+    allowed_signers: Annotated[Path | None, typer.Option(
+        "--allowed-signers", help="Verify the bundle against this allowed_signers file first "
+        "(exit 1 when it does not verify). Without it the summary is marked UNVERIFIED.")]
+    = None,
     max_chars: Annotated[int, typer.Option(help="Hard cap on the comment length.")] = 60000,
 ) -> None:
     """Render one sticky PR comment: verdict table first, tiers folded, digest and verify
     command last. Details are cut to stay under --max-chars; the verdict never is."""
     from pydantic import ValidationError
 
-    from k3fasttrack.bundle import open_bundle
     from k3fasttrack.bundle.canonical import sha256_file
-    from k3fasttrack.summary import render_summary
+    from k3fasttrack.summary import UNVERIFIED, render_summary
+    from k3fasttrack.summary.source import bundle_path
 
     if max_chars < 1000:
         raise BundleFormatError("--max-chars must be at least 1000")
+    if allowed_signers is not None and not allowed_signers.is_file():
+        raise BundleFormatError(f"--allowed-signers {allowed_signers}: no such file")
+    bundle = bundle_path(bundle)
     archive_digest = sha256_file(bundle)[0] if bundle.is_file() else None
-    with open_bundle(bundle) as root:
+    with _opened(bundle, allowed_signers) as (root, notice):
         if not (root / "run.json").is_file():
             raise BundleFormatError(f"{bundle}: not a k3ft bundle (no run.json)")
         try:
             text = render_summary(root, max_chars=max_chars, archive_digest=archive_digest,
-                                  bundle_ref=str(bundle))
+                                  bundle_ref=str(bundle), notice=notice or UNVERIFIED)
         except (ValidationError, ValueError, OSError) as exc:
             first = str(exc).splitlines()[0]
             raise BundleFormatError(f"{bundle}: unreadable bundle: {first}") from None
     typer.echo(text, nl=False)
+
+
+@contextlib.contextmanager
+def _opened(bundle: Path, allowed_signers: Path | None) -> Iterator[tuple[Path, str | None]]:
+    """The bundle folder to render and the verified notice (None: render it UNVERIFIED).
+    A bundle that fails verification ends the command with one line and exit 1."""
+    from k3fasttrack.bundle.archive import open_bundle
+    from k3fasttrack.summary.source import open_verified
+    from k3fasttrack.summary.untrusted import md_text
+
+    if allowed_signers is None:
+        with open_bundle(bundle) as root:
+            yield root, None
+        return
+    with contextlib.ExitStack() as stack:
+        try:
+            root, result = stack.enter_context(open_verified(bundle, allowed_signers))
+        except VerificationError as exc:
+            _refuse(f"[{type(exc).__name__}]: {exc.one_line()}")
+        except K3ftError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an unexpected failure still refuses in one line
+            _refuse(f"[unexpected {type(exc).__name__}]: {_first_line(exc)}")
+        yield root, (f"Verified against {md_text(allowed_signers.name, 80)}: signed by "
+                     f"{md_text(result.principal, 120)} ({md_text(result.fingerprint, 80)}), "
+                     f"{len(result.manifest.files)} files match the signed manifest.")
+
+
+def _refuse(reason: str) -> NoReturn:
+    from k3fasttrack.bundle.errors import one_line
+
+    typer.echo(one_line(f"k3ft summary: bundle does not verify {reason}"), err=True)
+    raise typer.Exit(EXIT_FAIL)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0][:300] if text else ""
 
 
 def register(app: typer.Typer) -> None:

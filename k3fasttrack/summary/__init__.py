@@ -13,10 +13,12 @@ from k3fasttrack.models.env import Environment
 from k3fasttrack.models.reports import TIER_REPORT_ADAPTER, RunRecord, TierReport
 from k3fasttrack.models.verdict import Verdict
 from k3fasttrack.summary.tables import RENDERERS
+from k3fasttrack.summary.untrusted import md_hex, md_text, safe_ref
 
 MARKER = "<!-- k3ft-bundle-summary -->"
 ICON = {"PASS": "✅", "FAIL": "❌", "INCOMPLETE": "⚠️", "NOT_RUN": "⏸️"}
 CUT_NOTE = "\n\n_(details cut to stay under the comment limit: the bundle has them all)_\n"
+UNVERIFIED = "> ⚠️ **UNVERIFIED**: signatures not checked; all of this may be forged."
 
 
 @dataclass
@@ -28,13 +30,13 @@ class Detail:
 
 
 def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    return md_text(text, 500)
 
 
 def tier_detail(report: TierReport) -> Detail:
     """Markdown body for one tier: its table of figures, then the checks that did not pass."""
     data = report.model_dump(mode="json")
-    lines = [f"**{report.status}**: {report.reason}", ""]
+    lines = [f"**{report.status}**: {md_text(report.reason, 500)}", ""]
     if report.status != "NOT_RUN" and report.tier in RENDERERS:
         try:
             lines += RENDERERS[report.tier](data)
@@ -48,11 +50,10 @@ def tier_detail(report: TierReport) -> Detail:
     passed = len(report.checks) - len(shown)
     if passed:
         names = ", ".join(c.name for c in report.checks if c.outcome == "pass")
-        lines += [f"{passed} check(s) passed: {names[:600]}{'...' if len(names) > 600 else ''}",
-                  ""]
+        lines += [f"{passed} check(s) passed: {md_text(names, 600)}", ""]
     if report.raw_files:
         more = len(report.raw_files) - 10
-        lines.append("Raw files: " + ", ".join(f"`{p}`" for p in report.raw_files[:10])
+        lines.append("Raw files: " + ", ".join(md_text(p, 200) for p in report.raw_files[:10])
                      + (f" and {more} more" if more > 0 else ""))
     return Detail(title=f"{report.tier}: {report.status}", body="\n".join(lines))
 
@@ -62,32 +63,39 @@ def _hardware(env: Environment | None) -> str:
         return "_environment.json missing_"
     if env.gpus:
         g = env.gpus[0]
-        gpu = f"{len(env.gpus)}x {g.name} ({g.sm_count or '?'} SMs, {g.memory_mib or '?'} MiB)"
-        gpu += f", driver {env.driver_version}, CUDA {env.cuda_version}"
+        gpu = (f"{len(env.gpus)}x {md_text(g.name, 80)} ({g.sm_count or '?'} SMs, "
+               f"{g.memory_mib or '?'} MiB), driver {md_text(env.driver_version, 40)}, "
+               f"CUDA {md_text(env.cuda_version, 40)}")
     else:
         gpu = f"CPU only ({env.cpu_count} cores)"
-    pk = env.packages
-    versions = ", ".join(f"{k} {v}" for k, v in pk.items() if v)
-    commit = env.git.commit[:12] if env.git and env.git.commit else "unknown"
+    versions = md_text(", ".join(f"{k} {v}" for k, v in env.packages.items() if v), 600)
+    commit = md_hex(env.git.commit[:12]) if env.git and env.git.commit else "unknown"
     dirty = ""
     if env.git and env.git.dirty:
         n = len(env.git.changed)
         dirty = f" (dirty tree: {n} changed path{'s' if n != 1 else ''})" if n else " (dirty tree)"
     if env.git and env.git.tree_digest:
-        dirty += f", tree sha256 `{env.git.tree_digest[:16]}`"
-    return f"Hardware: {gpu}. Code under test: `{commit}`{dirty}. Versions: {versions}."
+        dirty += f", tree sha256 {md_hex(env.git.tree_digest[:16])}"
+    return f"Hardware: {gpu}. Code under test: {commit}{dirty}. Versions: {versions}."
 
 
 def _render(ctx: dict[str, Any]) -> str:
     loader = jinja2.PackageLoader("k3fasttrack.summary", "templates")
     env = jinja2.Environment(loader=loader, autoescape=False, keep_trailing_newline=True)
     env.filters["cell"] = _cell
+    env.filters["hex"] = md_hex
     return env.get_template("summary.md.j2").render(**ctx)
 
 
 def render_summary(bundle_dir: Path, *, max_chars: int = 60000,
-                   archive_digest: str | None = None, bundle_ref: str | None = None) -> str:
-    """Render the PR comment for a bundle folder; details are cut to fit, the verdict never."""
+                   archive_digest: str | None = None, bundle_ref: str | None = None,
+                   notice: str = UNVERIFIED) -> str:
+    """Render the PR comment for a bundle folder; details are cut to fit, the verdict never.
+
+    ``notice`` is the first visible line: the UNVERIFIED warning unless the caller verified
+    the bundle and says so. Every string taken from the bundle is rendered inert
+    (``summary.untrusted``).
+    """
     run = RunRecord.model_validate_json((bundle_dir / "run.json").read_bytes())
     verdict = Verdict.model_validate_json((bundle_dir / "verdict.json").read_bytes())
     env_path = bundle_dir / "environment.json"
@@ -97,22 +105,27 @@ def render_summary(bundle_dir: Path, *, max_chars: int = 60000,
     manifest_path = bundle_dir / "manifest.json"
     root = json.loads(manifest_path.read_text())["root_digest"] if manifest_path.exists() \
         else "(unsigned bundle)"
-    ref = bundle_ref or str(bundle_dir)
+    ref = safe_ref(bundle_ref or str(bundle_dir))
     ctx: dict[str, Any] = dict(
-        marker=MARKER, run=run, verdict=verdict, icon=ICON, hardware=_hardware(env),
+        marker=MARKER, notice=notice, run=run, verdict=verdict, icon=ICON, hardware=_hardware(env),
         root_digest=root, archive_digest=archive_digest,
         verify_command=f"k3ft verify {ref} --allowed-signers allowed_signers",
-        details=[tier_detail(r) for r in reports],
+        details=[tier_detail(r) for r in reports], cut_note=None,
     )
+    return _fit(ctx, max_chars)
+
+
+def _fit(ctx: dict[str, Any], max_chars: int) -> str:
+    """Render, trimming the longest detail (then dropping details, last first, with one note
+    that says so) until the comment fits; only a header longer than the cap is cut hard."""
     text = _render(ctx)
-    budget_cut = 0
     while len(text) > max_chars:
+        if not ctx["details"]:
+            return text[:max_chars]
         biggest = max(ctx["details"], key=lambda d: len(d.body))
         if len(biggest.body) <= len(CUT_NOTE) + 10:
             ctx["details"] = ctx["details"][:-1]
-            if not ctx["details"]:
-                text = _render(ctx)[:max_chars]
-                break
+            ctx["cut_note"] = CUT_NOTE.strip()
         else:
             over = len(text) - max_chars
             keep = max(0, len(biggest.body) - over - len(CUT_NOTE) - 16)
@@ -121,5 +134,4 @@ def render_summary(bundle_dir: Path, *, max_chars: int = 60000,
                 body += "\n```"
             biggest.body = body + CUT_NOTE
         text = _render(ctx)
-        budget_cut += 1
     return text

@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from k3fasttrack.summary.untrusted import md_text
+
 
 def _c(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """A table cell from bundle text: inert markdown (no mentions, HTML, images or links)."""
+    return md_text(text, 300)
 
 
 def _f(x: float | None, digits: int = 3) -> str:
