@@ -1,10 +1,14 @@
 """The kernels tier's report names the tests that failed without recording a case (a crash, e.g.
-a CUDA illegal address that fails every later test) and pytest's own counts, read from its log."""
+a CUDA illegal address that fails every later test) and pytest's own counts, read from its log;
+its status follows from the cases and pytest's exit status, both when the tier runs
+(``summarise``) and when a bundle is checked (``restatus``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from k3fasttrack.models.kernels import KernelCase
-from k3fasttrack.tiers.kernels import pytest_outcome, summarise
+from k3fasttrack.tiers.kernels import SPEC, RAW, case_status, pytest_outcome, summarise
 
 LOG = """\
 .......................................FFFF                                [100%]
@@ -22,8 +26,9 @@ FAILED tests/backend/test_moe_gpu.py::test_moe_matches_reference[896-256-1] - to
 
 
 def _case(passed: bool = True) -> KernelCase:
-    return KernelCase(op="gemv", case="t1", dtype="bfloat16", max_abs_err=0.0, max_rel_err=0.0,
-                      atol=1e-2, rtol=1e-2, passed=passed)
+    err = 0.0 if passed else 0.5
+    return KernelCase(op="gemv", case="t1" if passed else "t2", dtype="bfloat16",
+                      max_abs_err=err, max_rel_err=err, atol=1e-2, rtol=1e-2, passed=passed)
 
 
 def test_outcome_parses_counts_and_failed_ids() -> None:
@@ -60,3 +65,47 @@ def test_outcome_reads_collection_errors_and_ids_with_spaces() -> None:
     assert counts == "1 failed, 206 deselected, 1 error"
     assert failed == ["tests/backend/test_x.py", "tests/t.py::test_a[case one]"]
     assert pytest_outcome("206 deselected in 0.5s")[0] is None  # no outcome word: not a result
+
+
+def test_failed_case_fails_the_tier_although_pytest_exited_zero() -> None:
+    rep = summarise([_case(), _case(False)], 0, "NVIDIA H200", "1 passed in 0.2s")
+    assert rep.status == "FAIL"
+    assert rep.reason == "1 of 2 recorded cases failed; pytest 0 (1 passed)"
+    assert [c.outcome for c in rep.checks] == ["pass", "fail", "pass"]
+    assert (rep.passed, rep.failed) == (1, 1)
+
+
+def test_no_cases_fail_the_tier_whatever_pytest_returned() -> None:
+    assert summarise([], 0, None).status == "FAIL"
+    assert case_status([], 0) == ("FAIL", "the kernel tests recorded no cases")
+
+
+def _bundle(tmp_path: Path, cases: list[KernelCase]) -> Path:
+    raw = tmp_path / RAW
+    raw.parent.mkdir(parents=True)
+    raw.write_text("".join(c.model_dump_json() + "\n" for c in cases))
+    return tmp_path
+
+
+def test_restatus_derives_fail_from_a_failed_case_under_a_pass_claim(tmp_path) -> None:
+    cases = [_case(), _case(False)]
+    claimed = summarise(cases, 0, None).model_copy(update={"status": "PASS"})
+    status, reason = SPEC.restatus(claimed, _bundle(tmp_path, cases))
+    assert (status, reason) == ("FAIL", "1 of 2 recorded cases failed; pytest 0")
+
+
+def test_restatus_gives_pass_only_for_passing_cases_and_exit_zero(tmp_path) -> None:
+    cases = [_case(), _case()]
+    assert SPEC.restatus(summarise(cases, 0, None), _bundle(tmp_path, cases))[0] == "PASS"
+    crashed = summarise(cases, 1, None)
+    assert SPEC.restatus(crashed, tmp_path)[0] == "FAIL"
+    assert SPEC.restatus(summarise(cases, 0, None), tmp_path / "empty") == (
+        "FAIL", "the kernel tests recorded no cases")
+
+
+def test_restatus_keeps_a_tier_that_did_not_run(tmp_path) -> None:
+    from k3fasttrack.pipeline.validate import not_run
+
+    report = not_run("kernels", "the kernel tests need an NVIDIA GPU and this host has none")
+    assert SPEC.restatus(report, tmp_path) == (
+        "NOT_RUN", "the kernel tests need an NVIDIA GPU and this host has none")

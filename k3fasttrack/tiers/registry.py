@@ -5,8 +5,9 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from k3fasttrack.models.base import TIER_ORDER, TierName
+from k3fasttrack.models.base import TIER_ORDER, TierName, TierStatus
 from k3fasttrack.models.reports import TIER_REPORT_ADAPTER, TierReport
+from k3fasttrack.tiers.restatus import status_from_checks
 from k3fasttrack.tiers.spec import TierSpec
 
 # Execution order: the proof tier reads what the serving tiers observed, so it runs last.
@@ -37,4 +38,11 @@ def recompute_all(bundle_dir: Path, report_paths: tuple[str, ...]) -> list[str]:
     return problems
 
 
-__all__ = ["RUN_ORDER", "TIER_ORDER", "load_spec", "recompute_all"]
+def restatus(report: TierReport, bundle_dir: Path) -> tuple[TierStatus, str]:
+    """The status (and why) the report's raw evidence gives; a tier without a module gets the
+    generic rule on its checks."""
+    spec = load_spec(report.tier)
+    return spec.restatus(report, bundle_dir) if spec else status_from_checks(report)
+
+
+__all__ = ["RUN_ORDER", "TIER_ORDER", "load_spec", "recompute_all", "restatus"]

@@ -6,16 +6,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3fasttrack.models.base import TierName
+from k3fasttrack.models.base import TierName, TierStatus
 from k3fasttrack.models.plan import Cell
 from k3fasttrack.models.profile import Profile
 from k3fasttrack.models.reports import TierReport
 from k3fasttrack.pipeline.context import TierContext
+from k3fasttrack.tiers.restatus import status_from_checks
+
+
+def _from_checks(report: TierReport, bundle_dir: Path) -> tuple[TierStatus, str]:
+    return status_from_checks(report)
 
 
 @dataclass(frozen=True)
 class TierSpec:
-    """A tier: how it plans cells, runs them, and re-derives its figures from raw samples."""
+    """A tier: how it plans cells, runs them, and re-derives its figures and status from raw
+    samples."""
 
     name: TierName
     plan_cells: Callable[[Profile, int, dict[str, object]], list[Cell]]
@@ -26,3 +32,7 @@ class TierSpec:
     recompute: Callable[[TierReport, Path], list[str]]
     """(report, bundle_dir) -> one message per summary figure that disagrees with the raw
     samples in the bundle; empty when consistent."""
+    restatus: Callable[[TierReport, Path], tuple[TierStatus, str]] = _from_checks
+    """(report, bundle_dir) -> the status (and why) that the report's raw evidence gives;
+    ``k3ft sign`` and ``k3ft verify`` refuse a report whose status differs. Default: the generic
+    rule on the report's checks (``tiers.restatus.status_from_checks``)."""

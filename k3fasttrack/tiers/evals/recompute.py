@@ -6,8 +6,10 @@ import math
 from pathlib import Path
 
 from k3fasttrack.evals.compare import compare_sides, read_samples
+from k3fasttrack.models.base import TierStatus
 from k3fasttrack.models.evals import EvalsReport, SuiteResult
 from k3fasttrack.models.reports import TierReport
+from k3fasttrack.tiers.restatus import serving_status
 
 _FIELDS = (
     "n",
@@ -67,3 +69,12 @@ def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
     if report.status == "PASS" and any(r.outcome != "pass" for r in report.suites):
         problems.append("status PASS although a suite failed")
     return problems
+
+
+def restatus(report: TierReport, bundle_dir: Path) -> tuple[TierStatus, str]:
+    """The status the suites' outcomes (re-derived from the samples by ``recompute``), the other
+    checks and the switch check give."""
+    if not isinstance(report, EvalsReport):
+        return "FAIL", f"expected an evals report, got {report.tier}"
+    results = [(r.suite, r.outcome, r.reason) for r in report.suites]
+    return serving_status(report, results, report.switch)

@@ -30,6 +30,7 @@ from k3fasttrack.serving import (
 from k3fasttrack.serving.runner import switch_outcome
 from k3fasttrack.tiers.features.judge import JUDGES, outcome_of
 from k3fasttrack.tiers.features.requests import COLLECTORS, PERSON_SCHEMA
+from k3fasttrack.tiers.restatus import serving_status
 
 FEATURES: tuple[FeatureName, ...] = ("temperature_sampling", "structured_output", "near_max_context")
 WINDOW_SIDE = {"temperature_sampling": "both", "structured_output": "candidate",
@@ -159,3 +160,12 @@ def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
     if report.status == "PASS" and any(r.outcome != "pass" for r in report.features):
         problems.append("status PASS although a feature failed")
     return problems
+
+
+def restatus(report: TierReport, bundle_dir: Path) -> tuple[TierStatus, str]:
+    """The status the features' outcomes (re-judged from the raw rows by ``recompute``), the
+    other checks and the switch check give."""
+    if not isinstance(report, FeaturesReport):
+        return "FAIL", f"expected a features report, got {report.tier}"
+    results = [(r.name, r.outcome, r.reason) for r in report.features]
+    return serving_status(report, results, report.switch)

@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from k3fasttrack.models.base import TierStatus
 from k3fasttrack.models.isolation import IsolationConfig, IsolationReport, PathChange
 from k3fasttrack.models.plan import Cell
 from k3fasttrack.models.profile import Profile
@@ -147,6 +148,25 @@ def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
         problems.append(f"{counts.out_of_scope} out-of-scope change(s) but status {report.status}")
     problems.extend(_recompute_runtime(report, bundle_dir))
     return problems
+
+
+def restatus(report: TierReport, bundle_dir: Path) -> tuple[TierStatus, str]:
+    """FAIL when a check fails, with the static checks re-derived from the changes (which
+    ``recompute`` holds to ``changes.jsonl``) and the runtime checks from the copied traces."""
+    from k3fasttrack.tiers.isolation.classify import static_checks
+    from k3fasttrack.tiers.restatus import status_from_checks
+
+    if not isinstance(report, IsolationReport):
+        return "FAIL", f"expected an isolation report, got {report.tier}"
+    if not report.checks and not report.changes:
+        return status_from_checks(report)
+    fresh = {c.name: c for c in static_checks(report.changes)}
+    rels = [r for r in report.raw_files if r.startswith(TRACE_PREFIX)]
+    if rels:
+        traces = [runtime.read_trace(bundle_dir / rel) for rel in rels]
+        fresh.update((c.name, c) for c in runtime.runtime_checks(runtime.summarize(traces), traces))
+    checks = [fresh.pop(c.name, c) for c in report.checks]
+    return status_from_checks(report, [*checks, *fresh.values()])
 
 
 def _recompute_runtime(report: IsolationReport, bundle_dir: Path) -> list[str]:

@@ -2,7 +2,9 @@
 
 The tests record one ``KernelCase`` JSON line per case into the file named by
 ``K3FT_KERNEL_CASES`` (see ``backend/k3_decode/testing.py``); this tier runs them with pytest,
-copies the cases into ``kernels/cases.jsonl`` and summarises them. ``recompute`` recounts.
+copies the cases into ``kernels/cases.jsonl`` and summarises them. The status follows from the
+cases and pytest's exit status alone (``case_status``); ``recompute`` recounts and ``restatus``
+re-derives the status from the bundled cases and the recorded exit status.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from k3fasttrack.models.base import Check
+from k3fasttrack.models.base import Check, TierStatus
 from k3fasttrack.models.kernels import KernelCase, KernelsReport
 from k3fasttrack.models.plan import Cell
 from k3fasttrack.models.profile import Profile
@@ -23,6 +25,9 @@ from k3fasttrack.tiers.spec import TierSpec
 
 RAW = "kernels/cases.jsonl"
 LOG = "kernels/pytest.log"
+PYTEST_CHECK = "pytest exit status"
+PYTEST_RETURNED = re.compile(r"^pytest returned (-?\d+)\b")
+FAILED_COUNT = re.compile(r"\b[1-9]\d* (failed|errors?)\b")
 
 
 def _plan(profile: Profile, tp: int, options: dict[str, object]) -> list[Cell]:
@@ -71,6 +76,21 @@ def pytest_outcome(log: str) -> tuple[str | None, list[str]]:
     return counts, failed
 
 
+def case_status(cases: list[KernelCase], returncode: int | None,
+                counts: str | None = None) -> tuple[TierStatus, str]:
+    """The tier's status from its cases and pytest's exit status (None: not recorded): FAIL
+    without cases, without an exit status, with any failed case or a non-zero exit; else PASS."""
+    failed = sum(not c.passed for c in cases)
+    if not cases:
+        return "FAIL", "the kernel tests recorded no cases"
+    if returncode is None:
+        return "FAIL", f"no pytest exit status recorded ({failed} of {len(cases)} cases failed)"
+    if failed or returncode != 0:
+        return "FAIL", (f"{failed} of {len(cases)} recorded cases failed; pytest {returncode}"
+                        + (f" ({counts})" if counts else ""))
+    return "PASS", f"all {len(cases)} cases within tolerance"
+
+
 def summarise(cases: list[KernelCase], returncode: int, gpu: str | None,
               log: str = "") -> KernelsReport:
     """The report for a list of cases, pytest's exit status and (optionally) its log: a failing
@@ -83,17 +103,11 @@ def summarise(cases: list[KernelCase], returncode: int, gpu: str | None,
     counts, failed_tests = pytest_outcome(log)
     shown = ", ".join(failed_tests[:5]) + (f" and {len(failed_tests) - 5} more"
                                             if len(failed_tests) > 5 else "")
-    checks.append(Check(name="pytest exit status", outcome="pass" if returncode == 0 else "fail",
+    checks.append(Check(name=PYTEST_CHECK, outcome="pass" if returncode == 0 else "fail",
                         reason=f"pytest returned {returncode}"
                         + (f" ({counts})" if counts else "")
                         + (f"; failed tests: {shown}" if failed_tests else "")))
-    if not cases:
-        status, reason = "FAIL", "the kernel tests recorded no cases"
-    elif failed or returncode != 0:
-        status, reason = "FAIL", (f"{len(failed)} of {len(cases)} recorded cases failed; pytest "
-                                  f"{returncode}" + (f" ({counts})" if counts else ""))
-    else:
-        status, reason = "PASS", f"all {len(cases)} cases within tolerance"
+    status, reason = case_status(cases, returncode, counts)
     return KernelsReport(status=status, reason=reason, checks=tuple(checks), gpu=gpu,
                          raw_files=(RAW, LOG), cases=tuple(cases), passed=len(cases) - len(failed),
                          failed=len(failed))
@@ -117,6 +131,15 @@ def _run(ctx: TierContext) -> TierReport:
     return summarise(cases, int(result["returncode"]), gpu, log)  # type: ignore[call-overload]
 
 
+def recorded_returncode(report: KernelsReport) -> int | None:
+    """pytest's exit status as the report's exit-status check records it; None when absent."""
+    for check in report.checks:
+        m = PYTEST_RETURNED.match(check.reason) if check.name == PYTEST_CHECK else None
+        if m:
+            return int(m.group(1))
+    return None
+
+
 def _recompute(report: TierReport, bundle_dir: Path) -> list[str]:
     assert isinstance(report, KernelsReport)
     cases = read_cases(bundle_dir / RAW)
@@ -127,8 +150,39 @@ def _recompute(report: TierReport, bundle_dir: Path) -> list[str]:
                         f"{RAW} has {passed} / {len(cases) - passed}")
     if tuple(cases) != report.cases:
         problems.append(f"the cases in the report differ from {RAW}")
+    problems.extend(_recheck_exit_status(report, bundle_dir))
     return problems
 
 
-SPEC = TierSpec(name="kernels", plan_cells=_plan, run=_run, recompute=_recompute)
-__all__ = ["SPEC", "read_cases", "summarise"]
+def _recheck_exit_status(report: KernelsReport, bundle_dir: Path) -> list[str]:
+    """The exit-status check agrees with the exit status it records and with pytest's log."""
+    code = recorded_returncode(report)
+    found = [c for c in report.checks if c.name == PYTEST_CHECK]
+    if len(found) > 1:
+        return [f"the report records {len(found)} '{PYTEST_CHECK}' checks"]
+    if not found or code is None:
+        return []
+    check, problems = found[0], []
+    if check.outcome != ("pass" if code == 0 else "fail"):
+        problems.append(f"check '{PYTEST_CHECK}' is {check.outcome} but pytest returned {code}")
+    log = bundle_dir / LOG
+    counts = pytest_outcome(log.read_text(errors="replace"))[0] if log.is_file() else None
+    if code == 0 and counts and FAILED_COUNT.search(counts):
+        problems.append(f"pytest returned 0 but {LOG} counts {counts}")
+    return problems
+
+
+def _restatus(report: TierReport, bundle_dir: Path) -> tuple[TierStatus, str]:
+    """From the cases in ``kernels/cases.jsonl`` and the recorded pytest exit status; a tier
+    that did not run (no cases file, no check) keeps its status."""
+    assert isinstance(report, KernelsReport)
+    raw = bundle_dir / RAW
+    if report.status in ("NOT_RUN", "INCOMPLETE") and not raw.exists() and not report.checks:
+        return report.status, report.reason
+    return case_status(read_cases(raw), recorded_returncode(report))
+
+
+SPEC = TierSpec(name="kernels", plan_cells=_plan, run=_run, recompute=_recompute,
+                restatus=_restatus)
+__all__ = ["PYTEST_CHECK", "SPEC", "case_status", "read_cases", "recorded_returncode",
+           "summarise"]

@@ -10,14 +10,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from k3fasttrack.models.base import Check
+from k3fasttrack.models.base import Check, TierStatus
 from k3fasttrack.models.perf import PerfReport
 from k3fasttrack.models.plan import Cell
 from k3fasttrack.models.profile import Profile
 from k3fasttrack.models.reports import TierReport
 from k3fasttrack.perf import analysis, samepath
 from k3fasttrack.perf.grid import load_grid
-from k3fasttrack.tiers.perf.run import AGENTIC_PREFIX, POINT_PREFIX, SAMEPATH_EVALS_CELL, run
+from k3fasttrack.tiers.perf.run import (
+    AGENTIC_PREFIX,
+    POINT_PREFIX,
+    SAMEPATH_EVALS_CELL,
+    _comparable_check,
+    _regression_check,
+    run,
+)
+from k3fasttrack.tiers.restatus import status_from_checks
 from k3fasttrack.tiers.spec import TierSpec
 
 
@@ -76,4 +84,18 @@ def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
     return problems
 
 
-SPEC = TierSpec(name="perf", plan_cells=plan_cells, run=run, recompute=recompute)
+def restatus(report: TierReport, bundle_dir: Path) -> tuple[TierStatus, str]:
+    """FAIL when a check fails, with the same-path checks re-derived from
+    ``perf/same_path.jsonl`` and the comparability and regression checks from the points."""
+    if not isinstance(report, PerfReport):
+        return "FAIL", f"not a perf report: {report.tier}"
+    if not report.checks:
+        return status_from_checks(report)
+    fresh = {c.name: c for c in (*samepath.recheck(bundle_dir), _comparable_check(report.points),
+                                 _regression_check(report.points))}
+    checks = [fresh.pop(c.name, c) for c in report.checks]
+    return status_from_checks(report, [*checks, *fresh.values()])
+
+
+SPEC = TierSpec(name="perf", plan_cells=plan_cells, run=run, recompute=recompute,
+                restatus=restatus)

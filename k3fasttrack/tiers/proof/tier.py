@@ -156,6 +156,20 @@ def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
     return problems
 
 
+def restatus(report: TierReport, bundle_dir: Path) -> tuple[TierStatus, str]:
+    """A failed check FAILs the tier; else the status its per-tier proofs give (``recompute``
+    holds those to ``proof/evidence.jsonl``)."""
+    from k3fasttrack.tiers.restatus import status_from_checks
+
+    if not isinstance(report, ProofReport):
+        return "FAIL", f"expected a proof report, got {report.tier}"
+    generic = status_from_checks(report)
+    if generic[0] != "PASS":
+        return generic
+    status, reason, _ = verdict(list(report.tiers))
+    return status, reason
+
+
 def _patterns(bundle_dir: Path) -> tuple[str, ...]:
     """Kernel patterns from the bundle's ``profile.json`` (the profile the run used)."""
     profile = bundle_dir / "profile.json"
