@@ -3,18 +3,21 @@ commands (exit codes and one-line messages)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import stat
 import subprocess
+from datetime import UTC, datetime
 
 import pytest
 import typer
 from typer.testing import CliRunner
 
-from k3fasttrack.bundle import load_allowed_signers, sign_bundle, verify_bundle
+from k3fasttrack.bundle import load_allowed_signers, sign_bundle, sshsig, verify_bundle
 from k3fasttrack.bundle.canonical import canonical_json
-from k3fasttrack.bundle.errors import SigningKeyError, UntrustedSignerError
+from k3fasttrack.bundle.errors import BadSignatureError, SigningKeyError, UntrustedSignerError
+from k3fasttrack.bundle.keys import NAMESPACE, load_revoked, load_signing_key
 from k3fasttrack.bundle.manifest import build_manifest
 from k3fasttrack.cli import keygen, verify
 from bundle_support import PROFILE, make_bundle, make_key, write_evidence
@@ -62,14 +65,95 @@ def test_bad_allowed_signers_line_names_file_and_line(tmp_path):
         load_allowed_signers(tmp_path / "missing")
 
 
-@pytest.mark.parametrize("options", ['namespaces="git"', 'valid-before="20200101Z"'])
-def test_policy_restrictions_are_enforced(tmp_path, signer, options):
+REFUSALS = [
+    ('namespaces="git"', 'namespace k3ft-bundle is not allowed by namespaces="git"'),
+    ('namespaces="!k3ft-bundle,k3ft-bundle"',
+     'namespace k3ft-bundle is not allowed by namespaces="!k3ft-bundle,k3ft-bundle"'),
+    ('valid-before="20200101Z"', "the key has expired: valid-before 2020-01-01 00:00:00 UTC"),
+    ('valid-after="209901021230Z"',
+     "the key is not yet valid: valid-after 2099-01-02 12:30:00 UTC"),
+    ("cert-authority", "the line is a cert-authority line: certificate authorities are not "
+     "supported for plain-key signatures"),
+]
+
+
+@pytest.mark.parametrize(("options", "reason"), REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_policy_refusal_names_its_precise_reason(tmp_path, signer, options, reason):
     bundle = make_bundle(tmp_path / "b", signer)
     key = signer.allowed_signers_line.split(" ", 2)[2]
     policy = tmp_path / "restricted"
-    policy.write_text(f"alice@example.org {options} {key}\n")
-    with pytest.raises(UntrustedSignerError, match="not for namespace k3ft-bundle now"):
+    policy.write_text(f"# team\nalice@example.org {options} {key}\n")
+    with pytest.raises(UntrustedSignerError) as caught:
         verify_bundle(bundle, policy)
+    message = caught.value.one_line()
+    assert message == (f"signer {signer.fingerprint} is in allowed_signers but refused: "
+                       f"{policy}:2 (alice@example.org): {reason}")
+
+
+@pytest.mark.parametrize(("options", "reason"), [
+    ('valid-befor="20200101"', "unknown option 'valid-befor'"),
+    ("restrict", "unknown option 'restrict'"),
+    ('valid-before="2020-01-01"', "invalid valid-before time '2020-01-01'"),
+    ("valid-after=20200101", "option valid-after needs a double-quoted value"),
+    ('namespaces="git",namespaces="k3ft-bundle"', "option namespaces is given twice"),
+    ('namespaces="k3ft-bundle",', "options end with a comma"),
+    ('valid-after="20200102",valid-before="20200101"', "valid-before is not after valid-after"),
+])
+def test_malformed_option_is_an_error_naming_it(tmp_path, signer, options, reason):
+    key = signer.allowed_signers_line.split(" ", 2)[2]
+    policy = tmp_path / "allowed_signers"
+    policy.write_text(f"alice@example.org {options} {key}\n")
+    with pytest.raises(SigningKeyError) as caught:
+        load_allowed_signers(policy)
+    assert caught.value.one_line().startswith(
+        f"{policy}:1: bad allowed_signers line: {reason}")
+
+
+def test_negated_namespace_is_honoured(tmp_path, signer):
+    key = signer.allowed_signers_line.split(" ", 2)[2]
+    policy = tmp_path / "allowed_signers"
+    policy.write_text(f'alice@example.org namespaces="!k3ft-bundle,k3ft-bundle" {key}\n'
+                      f'bob@example.org namespaces="!git,k3ft-*" {key}\n')
+    refused, allowed = load_allowed_signers(policy)
+    now = datetime.now(UTC)
+    assert not refused.allows(NAMESPACE, now) and allowed.allows(NAMESPACE, now)
+
+
+def test_ssh_signature_with_trailing_data_is_refused(signer):
+    key = load_signing_key(signer.private)
+    armored = sshsig.sign(key, b"manifest", NAMESPACE)
+    sshsig.verify(key.public_key(), armored, b"manifest", NAMESPACE)
+    blob = base64.b64decode("".join(armored.splitlines()[1:-1])) + b"\0\0\0\0"
+    body = base64.b64encode(blob).decode()
+    padded = f"-----BEGIN SSH SIGNATURE-----\n{body}\n-----END SSH SIGNATURE-----\n"
+    with pytest.raises(BadSignatureError, match=r"malformed: signature contains trailing data"):
+        sshsig.verify(key.public_key(), padded, b"manifest", NAMESPACE)
+
+
+def test_revoked_key_is_refused(tmp_path, signer):
+    bundle = make_bundle(tmp_path / "b", signer)
+    other = make_key(tmp_path / "keys", name="other")
+    revoked = tmp_path / "revoked"
+    revoked.write_text(f"# gone\n\n{other.public.read_text()}")
+    assert verify_bundle(bundle, signer.allowed_signers, revoked=revoked).fingerprint
+    revoked.write_text(f"{other.public.read_text()}{signer.public.read_text()}")
+    with pytest.raises(UntrustedSignerError, match=r"\(alice@example.org\): the key is revoked"):
+        verify_bundle(bundle, signer.allowed_signers, revoked=revoked)
+
+
+def test_revoked_keys_file_errors_are_one_line(tmp_path, signer):
+    assert SSH_KEYGEN
+    krl = tmp_path / "revoked.krl"
+    subprocess.run([SSH_KEYGEN, "-q", "-k", "-f", str(krl), str(signer.public)], check=True,
+                   capture_output=True)
+    with pytest.raises(SigningKeyError, match="is a binary OpenSSH KRL, which k3ft does not"):
+        load_revoked(krl)
+    bad = tmp_path / "revoked"
+    bad.write_text("# ok\nssh-ed25519 not*base64\n")
+    with pytest.raises(SigningKeyError, match=r"revoked:2: bad revoked key line: key is not ba"):
+        load_revoked(bad)
+    with pytest.raises(SigningKeyError, match="cannot read revoked keys"):
+        load_revoked(tmp_path / "missing")
 
 
 def test_existing_ssh_keygen_key_signs_bundles(tmp_path):
@@ -177,3 +261,21 @@ def test_keygen_default_path_and_principal(tmp_path, app):
     assert info["private_key"] == str(tmp_path / "cfg" / "k3ft" / "k3ft_ed25519")
     assert "@" in info["allowed_signers_line"].split()[0]
     assert info["fingerprint"].startswith("SHA256:")
+
+
+def test_verify_command_revoked_option(tmp_path, app, signer):
+    assert SSH_KEYGEN
+    bundle = make_bundle(tmp_path / "b", signer)
+    revoked = tmp_path / "revoked"
+    revoked.write_text(signer.public.read_text())
+    args = ["verify", str(bundle), "--allowed-signers", str(signer.allowed_signers),
+            "--revoked", str(revoked)]
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 1 and len(refused.stderr.splitlines()) == 1
+    assert refused.stderr.startswith("verify failed [UntrustedSignerError]: ")
+    assert "the key is revoked" in refused.stderr
+    subprocess.run([SSH_KEYGEN, "-q", "-k", "-f", str(revoked), str(signer.public)], check=True,
+                   capture_output=True)
+    krl = CliRunner().invoke(app, args)
+    assert krl.exit_code == 2 and len(krl.stderr.splitlines()) == 1
+    assert krl.stderr.startswith("error [SigningKeyError]: ") and "binary OpenSSH KRL" in krl.stderr

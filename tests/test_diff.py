@@ -262,9 +262,16 @@ def _tar(path: Path, folder: Path | None = None, extra: tarfile.TarInfo | None =
 
 
 def test_archives_are_read_and_unsafe_entries_rejected(tmp_path: Path) -> None:
+    """diff reads an archive through the bounded extractor verify uses: the packer's archive
+    is read; an archive with an unsafe entry, or not made by the packer, is refused in one line."""
+    from k3fasttrack.bundle.archive import write_archive
+    from k3fasttrack.errors import K3ftError
+
     old = write_bundle(tmp_path / "old", seed=1)
     new = write_bundle(tmp_path / "new", seed=2, slowdown=0.10)
-    archive = _tar(tmp_path / "new.tar.gz", new)
+    (new / "manifest.json").write_text("{}")  # the extractor reads k3ft bundles only
+    archive = tmp_path / "new.tar.gz"
+    write_archive(new, archive)
     assert len(diff_bundles(old, archive).regressions) == 4
     for name, kind in (
         ("../evil", tarfile.REGTYPE),
@@ -275,8 +282,13 @@ def test_archives_are_read_and_unsafe_entries_rejected(tmp_path: Path) -> None:
         info.type = kind
         info.linkname = "/etc/passwd" if kind == tarfile.SYMTYPE else ""
         bad = _tar(tmp_path / f"bad{len(name)}.tar.gz", new, info)
-        with pytest.raises(BundleFormatError, match=r"unsafe archive entry|not a plain file"):
+        with pytest.raises(K3ftError, match=r"unsafe|link|absolute|\.\."):
             diff_bundles(old, bad)
+        code, _, err = _cli(str(old), str(bad))
+        assert code in (1, 2) and len(err.strip().splitlines()) == 1
+    hand_packed = _tar(tmp_path / "hand.tar.gz", new)
+    with pytest.raises(K3ftError, match="deterministic packing"):
+        diff_bundles(old, hand_packed)
     truncated = tmp_path / "truncated.tar.gz"
     truncated.write_bytes(archive.read_bytes()[:200])
     code, _, err = _cli(str(old), str(truncated))
@@ -347,12 +359,3 @@ def test_side_conditions_from_the_perf_report_mark_one_side_incomparable(tmp_pat
     assert reason == ('candidate prompts_sha256 differs ("prompts" -> "other-prompts")',)
     assert {r.key.split("/")[0] for r in d.regressions} == {"decode-b1-in1024-out128"}
 
-
-def test_archive_written_by_the_bundle_package_is_read(tmp_path: Path) -> None:
-    from k3fasttrack.bundle import write_archive
-
-    old = write_bundle(tmp_path / "old", seed=1)
-    new = write_bundle(tmp_path / "new", seed=2, slowdown=0.10)
-    write_archive(new, tmp_path / "new.tar.gz")
-    d = diff_bundles(old, tmp_path / "new.tar.gz")
-    assert len(d.perf) == 8 and len(d.regressions) == 4 and not d.absent

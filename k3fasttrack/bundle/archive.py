@@ -19,12 +19,27 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from k3fasttrack.bundle.canonical import sha256_file
-from k3fasttrack.bundle.errors import BundleFormatError, UnsafeEntryError, one_line
+from k3fasttrack.bundle.errors import (
+    ArchiveLayoutError,
+    BundleFormatError,
+    UnsafeEntryError,
+    one_line,
+)
+from k3fasttrack.bundle.limits import DEFAULT_LIMITS, LimitExceededError, Limits
 from k3fasttrack.bundle.manifest import check_relpath, walk_files
+from k3fasttrack.bundle.tarstream import (
+    BLOCK,
+    ZERO_BLOCK,
+    Header,
+    TarStream,
+    Truncated,
+    end_length,
+    padded,
+    read_header,
+)
 from k3fasttrack.errors import UsageError
 
 TOP = "bundle"
-_GZIP_MAGIC = b"\x1f\x8b"
 
 
 def _mtime() -> int:
@@ -93,13 +108,18 @@ def _kind(member: tarfile.TarInfo) -> str:
     return f"type {member.type!r}"
 
 
-def _clean_name(member: tarfile.TarInfo) -> str:
+def _clean_name(header: Header) -> str:
     """The entry's path without a leading ``./`` or trailing ``/``; refuses unsafe entries."""
+    member = header.info
     name = member.name
+    if "\0" in name:
+        raise UnsafeEntryError(f"archive entry {name!r} has a NUL byte in its path")
     if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
         raise UnsafeEntryError(f"archive entry {name!r} is an absolute path")
     if ".." in name.replace("\\", "/").split("/"):
         raise UnsafeEntryError(f"archive entry {name!r} climbs out with '..'")
+    if header.sparse:
+        raise UnsafeEntryError(f"archive entry {name!r} is a sparse file")
     if not (member.isreg() or member.isdir()):
         raise UnsafeEntryError(f"archive entry {name!r} is a {_kind(member)}")
     clean = name.rstrip("/")
@@ -108,83 +128,158 @@ def _clean_name(member: tarfile.TarInfo) -> str:
     return "" if clean == "." else check_relpath(clean)
 
 
-def _check_members(members: list[tarfile.TarInfo]) -> list[tuple[str, tarfile.TarInfo]]:
-    """Refuse the whole archive if any entry is unsafe (checked before anything is written)."""
-    seen: set[str] = set()
-    checked = []
-    for member in members:
-        clean = _clean_name(member)
-        if clean in seen:
-            raise UnsafeEntryError(f"archive entry {member.name!r} appears twice")
-        seen.add(clean)
-        if clean:
-            checked.append((clean, member))
-    return checked
+def packed_header(name: str, *, is_dir: bool, size: int, mtime: int) -> bytes:
+    """The exact header bytes ``write_archive`` writes for one entry."""
+    info = _info(name, is_dir=is_dir, size=size, mtime=mtime)
+    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
-def _decompress(archive: Path, dest: Path) -> Path:
-    """Fully decompress a gzip archive to ``dest`` (this reads the trailer, so truncation shows)."""
-    with archive.open("rb") as fh:
-        gzipped = fh.read(2) == _GZIP_MAGIC
-    if not gzipped:
-        return archive
-    out = dest / "bundle.tar"
-    with gzip.open(archive, "rb") as src, out.open("wb") as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
-    return out
+class _Extraction:
+    """One pass over an archive: every entry is checked before its data is read; files are
+    written only while every byte so far is what ``write_archive`` writes for them.
+
+    After the first byte that differs the archive is refused, but its remaining headers are
+    still read (no data written) so that an unsafe entry is named as such.
+    """
+
+    def __init__(self, stream: TarStream, dest: Path, limits: Limits) -> None:
+        self.stream, self.dest, self.limits = stream, dest, limits
+        self.seen: set[str] = set()
+        self.files: list[str] = []
+        self.dirs: set[str] = set()
+        self.unpacked = 0
+        self.deviation: str | None = None
+        self.last = b""
+        self.mtime = 0
+
+    def run(self) -> Path:
+        index = 0
+        while (block := self.stream.read(BLOCK)) != ZERO_BLOCK:
+            header = read_header(self.stream, block, index)
+            clean = self._admit(header)
+            if self.deviation is None:
+                self.deviation = self._differs(header, index)
+            self._data(header, clean)
+            index += 1
+        if self.deviation is None:
+            self._end(self.stream.offset - BLOCK)
+        return self._finish()
+
+    def _admit(self, header: Header) -> str:
+        """Safety and limits, checked on the headers alone."""
+        clean = _clean_name(header)
+        if clean in self.seen:
+            raise UnsafeEntryError(f"archive entry {header.info.name!r} appears twice")
+        self.seen.add(clean)
+        if len(self.seen) > self.limits.max_members:
+            raise LimitExceededError(
+                f"{self.stream.label}: more than {self.limits.max_members} archive entries",
+                hint="raise the limit with --max-members")
+        if header.info.isreg():
+            self.unpacked += header.info.size
+            if self.unpacked > self.limits.max_unpacked_bytes:
+                raise LimitExceededError(
+                    f"{self.stream.label}: files unpack to more than "
+                    f"{self.limits.max_unpacked_bytes} bytes (entry {clean!r} declares "
+                    f"{header.info.size})", hint="raise the limit with --max-unpacked-mib")
+        return clean
+
+    def _differs(self, header: Header, index: int) -> str | None:
+        """Why this entry is not what ``write_archive`` writes there (None when it is)."""
+        info = header.info
+        if header.problem:
+            return f"entry {info.name!r} uses {header.problem}"
+        if index == 0:
+            if info.name != TOP or not info.isdir():
+                return f"the first entry is {info.name!r}, not the folder {TOP!r}"
+            self.mtime = info.mtime
+        elif not info.name.startswith(f"{TOP}/"):
+            return f"entry {info.name!r} is not under {TOP}/"
+        name = info.name.encode("utf-8", "surrogateescape")
+        if name <= self.last:
+            return f"entry {info.name!r} is out of order"
+        self.last = name
+        expected = packed_header(info.name, is_dir=info.isdir(), size=info.size, mtime=self.mtime)
+        if header.raw != expected:
+            return f"the header of entry {info.name!r} differs from the one k3ft writes"
+        if info.isdir():
+            self.dirs.add(info.name)
+        else:
+            self.files.append(info.name)
+        return None
+
+    def _data(self, header: Header, clean: str) -> None:
+        size = header.info.size if header.info.isreg() else 0
+        if self.deviation is not None:
+            self.stream.copy(padded(size), None)
+            return
+        if header.info.isdir():
+            return
+        target = self.dest / clean
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with target.open("xb") as dst:
+            self.stream.copy(size, dst)
+        if any(self.stream.read(padded(size) - size)):
+            self.deviation = f"entry {header.info.name!r} is padded with non-zero bytes"
+
+    def _end(self, offset: int) -> None:
+        """The end-of-archive zeros exactly as the packer writes them, then nothing."""
+        if any(self.stream.read(end_length(offset) - BLOCK)):
+            raise ArchiveLayoutError(f"{self.stream.label}: data follows the end-of-archive "
+                                     "blocks")
+        self.stream.expect_end()
+
+    def _finish(self) -> Path:
+        tops = {c.split("/", 1)[0] for c in self.seen if c.count("/") == 1}
+        if "manifest.json" not in self.seen and not any(f"{t}/manifest.json" in self.seen
+                                                        for t in tops):
+            raise BundleFormatError("archive holds no manifest.json (not a k3ft bundle)")
+        if self.deviation is not None:
+            raise ArchiveLayoutError(
+                f"{self.stream.label}: {self.deviation}; a bundle archive must be exactly the "
+                "deterministic packing of its files (as k3ft sign and validate write it)")
+        parents = {f.rsplit("/", i)[0] for f in self.files for i in range(1, f.count("/") + 1)}
+        if self.dirs != parents:
+            odd = sorted(self.dirs ^ parents, key=lambda p: p.encode("utf-8"))[0]
+            raise ArchiveLayoutError(
+                f"{self.stream.label}: folder entry {odd!r} is "
+                + ("empty" if odd in self.dirs else "missing")
+                + "; the packer writes exactly the folders that hold its files")
+        return self.dest / TOP
 
 
-def safe_extract(archive: Path, dest: Path) -> Path:
+def safe_extract(archive: Path, dest: Path, limits: Limits = DEFAULT_LIMITS) -> Path:
     """Extract a bundle archive into the empty folder ``dest``; returns the bundle root.
 
-    Every entry is checked first: absolute paths, ``..``, symlinks, hard links, devices and
-    duplicates refuse the whole archive (UnsafeEntryError) before a byte is written.
-    Truncated or unreadable archives raise BundleFormatError.
+    One bounded pass (``limits``): each entry's headers are checked before its data is read
+    (absolute paths, ``..``, NUL bytes, links, devices, sparse files and duplicates refuse the
+    archive), and the archive must be byte for byte what ``write_archive`` writes for the files
+    it holds: one gzip member, nothing after the end-of-archive blocks, no header, folder or
+    padding the packer would not write (ArchiveLayoutError). On any refusal nothing is left in
+    ``dest``. Truncated or unreadable archives raise BundleFormatError.
     """
-    with tempfile.TemporaryDirectory(prefix="k3ft-tar-") as scratch:
-        try:
-            tar_path = _decompress(archive, Path(scratch))
-            with tarfile.open(tar_path, mode="r:") as tar:
-                for clean, member in _check_members(tar.getmembers()):
-                    _extract_one(tar, member, dest / clean)
-        except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
+    ours = not (dest / TOP).exists()
+    try:
+        with archive.open("rb") as fh:
+            return _Extraction(TarStream(fh, limits, str(archive)), dest, limits).run()
+    except BaseException as exc:
+        if ours:
+            shutil.rmtree(dest / TOP, ignore_errors=True)
+        if isinstance(exc, (Truncated, OSError, EOFError, zlib.error)):
             reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
             raise BundleFormatError(
                 one_line(f"{archive} is truncated or not a bundle archive: {reason}")) from None
-    return _bundle_root(dest)
-
-
-def _extract_one(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path) -> None:
-    if member.isdir():
-        target.mkdir(parents=True, exist_ok=True)
-        return
-    target.parent.mkdir(parents=True, exist_ok=True)
-    src = tar.extractfile(member)
-    if src is None:
-        raise tarfile.ReadError(f"cannot read entry {member.name!r}")
-    with src, target.open("xb") as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
-        if dst.tell() != member.size:
-            raise EOFError(f"entry {member.name!r} is truncated")
-
-
-def _bundle_root(dest: Path) -> Path:
-    """The folder holding ``manifest.json``: ``dest`` itself or its single top folder."""
-    if (dest / "manifest.json").is_file():
-        return dest
-    children = list(dest.iterdir())
-    if len(children) == 1 and children[0].is_dir() and (children[0] / "manifest.json").is_file():
-        return children[0]
-    raise BundleFormatError("archive holds no manifest.json (not a k3ft bundle)")
+        raise
 
 
 @contextlib.contextmanager
-def open_bundle(path: Path) -> Iterator[Path]:
-    """Yield a bundle folder for ``path``: the folder itself, or a safe temporary extraction."""
+def open_bundle(path: Path, limits: Limits = DEFAULT_LIMITS) -> Iterator[Path]:
+    """Yield a bundle folder for ``path``: the folder itself, or a safe temporary extraction
+    bounded by ``limits``."""
     if path.is_dir():
         yield path
         return
     if not path.is_file():
         raise BundleFormatError(f"bundle {path} does not exist or is not a file or folder")
     with tempfile.TemporaryDirectory(prefix="k3ft-verify-") as tmp:
-        yield safe_extract(path, Path(tmp))
+        yield safe_extract(path, Path(tmp), limits)

@@ -75,6 +75,9 @@ def parse_envelope(data: bytes) -> Envelope:
             for s in obj["signatures"]
         )
         payload_type = obj["payloadType"]
+    except RecursionError:
+        raise StatementError("statement.dsse.json is not a DSSE envelope (JSON nested too "
+                             "deeply to parse)") from None
     except (ValueError, KeyError, TypeError, AttributeError, binascii.Error) as exc:
         raise StatementError(f"statement.dsse.json is not a DSSE envelope ({exc})") from None
     if not isinstance(payload_type, str) or not sigs:

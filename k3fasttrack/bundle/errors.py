@@ -26,6 +26,12 @@ class UnsafeEntryError(BundleVerificationError):
     """An archive entry or bundle file that could escape the folder or is not a plain file."""
 
 
+class ArchiveLayoutError(BundleVerificationError):
+    """An archive whose bytes are not exactly the deterministic packing of the files verified:
+    an unreadable header mid-archive, data after its end, a second gzip member, headers or
+    folders the packer never writes. Another tar reader could see files that verify did not."""
+
+
 class ModifiedFileError(BundleVerificationError):
     """A file whose size or sha256 differs from the manifest."""
 
@@ -75,7 +81,7 @@ class SigningKeyError(UsageError):
 
 
 __all__ = [
-    "BadSignatureError", "BundleFormatError", "BundleVerificationError", "ExtraFileError",
+    "ArchiveLayoutError", "BadSignatureError", "BundleFormatError", "BundleVerificationError", "ExtraFileError",
     "ManifestError", "MissingFileError", "ModifiedFileError", "ReportInvalidError",
     "SigningKeyError", "StatementError", "SubjectMismatchError", "SummaryMismatchError",
     "UnsafeEntryError", "UnsignedBundleError", "UntrustedSignerError", "one_line",

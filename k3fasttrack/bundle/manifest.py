@@ -37,6 +37,7 @@ def check_relpath(rel: str) -> str:
         or "\\" in rel
         or "\n" in rel
         or "\r" in rel
+        or "\0" in rel
         or any(p in ("", ".", "..") for p in parts)
     )
     if bad:

@@ -64,25 +64,57 @@ def sign(key: Ed25519PrivateKey, message: bytes, namespace: str) -> str:
     return f"{_BEGIN}\n{body}\n{_END}\n"
 
 
+def _dearmor(armored: str) -> bytes:
+    """The blob between the armor lines, read as ssh-keygen reads it: the header first (then
+    LF or CRLF), the body up to the first footer line, anything after the footer ignored."""
+    for eol in ("\n", "\r\n"):
+        if armored.startswith(_BEGIN + eol):
+            body = armored[len(_BEGIN + eol) :]
+            break
+    else:
+        raise ValueError("not an armored SSH signature (no header line)")
+    footer = body.find("\n" + _END)
+    if footer < 0:
+        raise ValueError("not an armored SSH signature (no footer line)")
+    return base64.b64decode("".join(body[:footer].split()), validate=True)
+
+
+def _read_cstring(buf: bytes, pos: int) -> tuple[str, int]:
+    value, pos = _read_string(buf, pos)
+    if b"\0" in value:
+        raise ValueError("a text field contains a NUL byte")
+    return value.decode(errors="replace"), pos
+
+
 def _parse(armored: str) -> tuple[bytes, str, str, bytes]:
-    """(public key blob, namespace, hash algorithm, raw ed25519 signature)."""
-    text = armored.strip()
-    if not (text.startswith(_BEGIN) and text.endswith(_END)):
-        raise ValueError("not an armored SSH signature")
-    blob = base64.b64decode("".join(text[len(_BEGIN) : -len(_END)].split()), validate=True)
-    if blob[:6] != _MAGIC or struct.unpack_from(">I", blob, 6)[0] != _VERSION:
-        raise ValueError("bad magic or version")
-    pos = 10
-    pub, pos = _read_string(blob, pos)
-    namespace, pos = _read_string(blob, pos)
+    """(public key blob, namespace, hash algorithm, raw ed25519 signature).
+
+    Every length is checked and nothing may follow the last field, in the blob or in the
+    signature it wraps (ssh-keygen: "Signature contains trailing data").
+    """
+    blob = _dearmor(armored)
+    if blob[:6] != _MAGIC or len(blob) < 10:
+        raise ValueError("bad magic")
+    (version,) = struct.unpack_from(">I", blob, 6)
+    if version != _VERSION:
+        raise ValueError(f"unsupported signature version {version}")
+    pub, pos = _read_string(blob, 10)
+    namespace, pos = _read_cstring(blob, pos)
     _reserved, pos = _read_string(blob, pos)
-    hash_alg, pos = _read_string(blob, pos)
+    hash_alg, pos = _read_cstring(blob, pos)
     wrapped, pos = _read_string(blob, pos)
+    if pos != len(blob):
+        raise ValueError(f"signature contains trailing data ({len(blob) - pos} bytes)")
     sig_type, inner = _read_string(wrapped, 0)
-    raw, _ = _read_string(wrapped, inner)
+    raw, inner = _read_string(wrapped, inner)
     if sig_type != ED25519.encode():
         raise ValueError(f"signature type {sig_type.decode(errors='replace')} is not ed25519")
-    return pub, namespace.decode(), hash_alg.decode(), raw
+    if inner != len(wrapped):
+        raise ValueError(
+            f"the ed25519 signature contains trailing data ({len(wrapped) - inner} bytes)")
+    if len(raw) != 64:
+        raise ValueError(f"an ed25519 signature has 64 bytes, not {len(raw)}")
+    return pub, namespace, hash_alg, raw
 
 
 def signer_blob(armored: str) -> bytes:

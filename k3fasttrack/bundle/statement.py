@@ -83,5 +83,7 @@ def parse_statement(payload: bytes) -> Statement:
             verdict=str(pred["verdict"]),
             git_commit=digests.get(GIT_SUBJECT, {}).get("gitCommit"),
         )
+    except RecursionError:
+        raise StatementError("statement is malformed (JSON nested too deeply)") from None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise StatementError(f"statement is malformed (missing or bad field {exc})") from None

@@ -1,6 +1,7 @@
 """Offline verification of a bundle folder or archive. Every defect raises its own error.
 
-Order: safe extraction -> file walk (no links or devices) -> DSSE signature by a key the
+Order: bounded, safe extraction of an archive that must be byte for byte the deterministic
+packing of its files -> file walk (no links or devices) -> DSSE signature by a key the
 allowed_signers policy trusts -> statement type and subject (= sha256 of manifest.json) ->
 SSH signature over manifest.json -> manifest self-consistency -> every file against the
 manifest (missing, extra, modified) -> run.json and each report validate -> every tier's
@@ -20,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from k3fasttrack.bundle import dsse, sshsig
 from k3fasttrack.bundle.archive import open_bundle
-from k3fasttrack.bundle.canonical import sha256_bytes, sha256_file
+from k3fasttrack.bundle.canonical import sha256_file
 from k3fasttrack.bundle.errors import (
     BadSignatureError,
     BundleFormatError,
@@ -41,7 +42,9 @@ from k3fasttrack.bundle.keys import (
     AllowedSigner,
     ed25519_public,
     load_allowed_signers,
+    refusal_reason,
 )
+from k3fasttrack.bundle.limits import DEFAULT_LIMITS, LimitExceededError, Limits
 from k3fasttrack.bundle.manifest import (
     ATTESTATIONS_DIR,
     MANIFEST_NAME,
@@ -52,13 +55,11 @@ from k3fasttrack.bundle.manifest import (
 )
 from k3fasttrack.bundle.sign import ATTESTATION_FILES, DSSE_NAME, SSHSIG_NAME
 from k3fasttrack.bundle.statement import Statement, parse_statement
-from k3fasttrack.errors import K3ftError
 from k3fasttrack.models.env import Environment, GitState
 from k3fasttrack.models.manifest import Manifest
-from k3fasttrack.models.reports import TIER_REPORT_ADAPTER, RunRecord, TierReport
+from k3fasttrack.models.reports import RunRecord, TierReport
 from k3fasttrack.models.verdict import Verdict
 from k3fasttrack.pipeline.verdict import compute_verdict
-from k3fasttrack.tiers.registry import recompute_all
 
 RUN_RECORD = "run.json"
 VERDICT = "verdict.json"
@@ -90,30 +91,36 @@ class VerifiedBundle:
         return ",".join(self.principals)
 
 
-def verify_bundle(path: Path, allowed_signers: Path) -> VerifiedBundle:
+def verify_bundle(path: Path, allowed_signers: Path,
+                  limits: Limits = DEFAULT_LIMITS, *,
+                  revoked: Path | None = None) -> VerifiedBundle:
     """Verify a bundle folder or ``.tar.gz`` against an allowed_signers policy.
 
-    Raises a ``VerificationError`` subclass naming the defect, ``BundleFormatError`` for an
-    unreadable or truncated input, ``SigningKeyError`` for an unreadable policy.
+    An archive is read within ``limits`` and must be byte for byte the deterministic packing
+    of the files verified. Raises a ``VerificationError`` subclass naming the defect,
+    ``BundleFormatError`` for an unreadable, truncated or over-limit input,
+    ``SigningKeyError`` for an unreadable policy.
     """
-    signers = load_allowed_signers(allowed_signers)
+    signers = load_allowed_signers(allowed_signers, revoked=revoked)
     try:
-        with open_bundle(path) as root:
-            return verify_folder(root, signers)
+        with open_bundle(path, limits) as root:
+            return verify_folder(root, signers, limits)
     except OSError as exc:
         raise BundleFormatError(one_line(f"cannot read bundle {path}: {exc}")) from None
 
 
-def verify_folder(root: Path, signers: list[AllowedSigner]) -> VerifiedBundle:
-    """Verify an extracted bundle folder (see ``verify_bundle``)."""
+def verify_folder(root: Path, signers: list[AllowedSigner],
+                  limits: Limits = DEFAULT_LIMITS) -> VerifiedBundle:
+    """Verify an extracted bundle folder (see ``verify_bundle``). Nothing larger than the
+    envelope is parsed before the signature over it and the manifest's digest are checked."""
     files = walk_files(root)
     if MANIFEST_NAME not in files:
         raise BundleFormatError(f"{root} has no manifest.json (not a k3ft bundle)")
-    manifest_raw = (root / MANIFEST_NAME).read_bytes()
-    key, payload, signer = _check_dsse(root, files, signers)
+    key, payload, signer = _check_dsse(root, files, signers, limits)
     statement = parse_statement(payload)
-    _check_subject(statement, manifest_raw)
-    _check_sshsig(root, key, manifest_raw)
+    _check_subject(statement, root / MANIFEST_NAME)
+    manifest_raw = (root / MANIFEST_NAME).read_bytes()
+    _check_sshsig(root, key, manifest_raw, limits)
     manifest = _parse_manifest(manifest_raw, statement)
     _check_files(root, files, manifest)
     reports = _check_reports(root, manifest)
@@ -157,13 +164,24 @@ def check_code(result: VerifiedBundle, code: Path) -> str:
     return mine.tree_digest
 
 
-def _check_dsse(root: Path, files: list[str], signers: list[AllowedSigner]
+def _read_bounded(path: Path, limits: Limits) -> bytes:
+    """The bytes of a small attestation file, refused unread when it exceeds the limit."""
+    size = path.stat().st_size
+    if size > limits.max_envelope_bytes:
+        raise LimitExceededError(
+            f"{ATTESTATIONS_DIR}/{path.name} is {size} bytes, over the "
+            f"{limits.max_envelope_bytes}-byte limit for attestations (not read)",
+            hint="raise the limit with --max-envelope-kib")
+    return path.read_bytes()
+
+
+def _check_dsse(root: Path, files: list[str], signers: list[AllowedSigner], limits: Limits
                 ) -> tuple[Ed25519PublicKey, bytes, AllowedSigner]:
     """The trusted key that signed the envelope and the payload it signed."""
     rel = f"{ATTESTATIONS_DIR}/{DSSE_NAME}"
     if rel not in files:
         raise UnsignedBundleError(f"bundle is not signed: {rel} is missing")
-    envelope = dsse.parse_envelope((root / rel).read_bytes())
+    envelope = dsse.parse_envelope(_read_bounded(root / rel, limits))
     if envelope.payload_type != dsse.IN_TOTO_PAYLOAD_TYPE:
         raise StatementError(f"DSSE payloadType {envelope.payload_type!r} is not in-toto")
     now = datetime.now(UTC)
@@ -175,27 +193,27 @@ def _check_dsse(root: Path, files: list[str], signers: list[AllowedSigner]
     trusted = {s.fingerprint for s in signers if s.allows(NAMESPACE, now)}
     if trusted & {kid for kid, _ in envelope.signatures}:
         raise BadSignatureError(f"DSSE signature by {keyids} does not verify over the statement")
-    listed = {s.fingerprint for s in signers}
-    if listed & {kid for kid, _ in envelope.signatures}:
-        raise UntrustedSignerError(
-            f"signer {keyids} is in allowed_signers but not for namespace {NAMESPACE} now")
+    refused = refusal_reason(signers, {kid for kid, _ in envelope.signatures}, NAMESPACE, now)
+    if refused is not None:
+        raise UntrustedSignerError(f"signer {keyids} is in allowed_signers but refused: {refused}")
     raise UntrustedSignerError(f"signed by {keyids}, a key that allowed_signers does not list")
 
 
-def _check_subject(statement: Statement, manifest_raw: bytes) -> None:
-    actual = sha256_bytes(manifest_raw)
+def _check_subject(statement: Statement, manifest: Path) -> None:
+    actual = sha256_file(manifest)[0]
     if statement.manifest_sha256 != actual:
         raise SubjectMismatchError(
             f"signed statement is for manifest sha256 {statement.manifest_sha256[:16]}..., "
             f"but manifest.json has sha256 {actual[:16]}...")
 
 
-def _check_sshsig(root: Path, key: Ed25519PublicKey, manifest_raw: bytes) -> None:
+def _check_sshsig(root: Path, key: Ed25519PublicKey, manifest_raw: bytes,
+                  limits: Limits) -> None:
     path = root / ATTESTATIONS_DIR / SSHSIG_NAME
     if not path.is_file():
         raise UnsignedBundleError(f"bundle has no SSH signature: {ATTESTATIONS_DIR}/{SSHSIG_NAME}")
     try:
-        armored = path.read_text(encoding="ascii")
+        armored = _read_bounded(path, limits).decode("ascii")
     except UnicodeDecodeError:
         raise BadSignatureError(f"{SSHSIG_NAME} is not an armored SSH signature") from None
     sshsig.verify(key, armored, manifest_raw, NAMESPACE)
@@ -240,58 +258,32 @@ def _check_files(root: Path, files: list[str], manifest: Manifest) -> None:
 
 
 def _check_reports(root: Path, manifest: Manifest) -> tuple[RunRecord, list[TierReport]]:
-    listed = {f.path for f in manifest.files}
-    if RUN_RECORD not in listed:
-        raise ReportInvalidError("bundle has no run.json")
-    try:
-        run = RunRecord.model_validate_json((root / RUN_RECORD).read_bytes())
-    except ValidationError as exc:
-        raise ReportInvalidError(f"run.json does not validate: {_first_error(exc)}") from None
-    reports = []
-    for rel in run.reports:
-        if rel not in listed:
-            raise ReportInvalidError(f"run.json lists report {rel}, which is not in the bundle")
-        try:
-            report = TIER_REPORT_ADAPTER.validate_json((root / rel).read_bytes())
-        except ValidationError as exc:
-            raise ReportInvalidError(f"{rel} does not validate: {_first_error(exc)}") from None
-        reports.append(report)
-        for raw in report.raw_files:
-            if raw not in listed:
-                raise ReportInvalidError(f"{rel} cites raw file {raw}, which is not in the bundle")
-    try:
-        problems = recompute_all(root, run.reports)
-    except K3ftError:
-        raise
-    except Exception as exc:  # a malformed raw file must still end in one line, not a traceback
-        raise SummaryMismatchError(
-            f"summary figures cannot be recomputed from the raw samples: "
-            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
-    if problems:
-        raise SummaryMismatchError(
-            f"summary disagrees with raw samples: {'; '.join(problems)}")
-    return run, reports
+    """run.json and its reports against the plan, the raw samples and the statuses the
+    evidence gives (``bundle.recheck.check_run``)."""
+    from k3fasttrack.bundle.recheck import check_run
+
+    return check_run(root, {f.path for f in manifest.files})
 
 
 def _check_claims(root: Path, manifest: Manifest, statement: Statement,
                   checked: tuple[RunRecord, list[TierReport]], git: GitState | None) -> None:
     """The signed profile, verdict and commit agree with run.json, the reports (verdict
-    recomputed from them), verdict.json and environment.json's git state (``git``) where those
-    are present."""
+    recomputed from them), verdict.json (field by field) and environment.json's git state
+    (``git``) where those are present."""
+    from k3fasttrack.bundle.recheck import check_verdict
+
     run, reports = checked
     if run.profile != statement.profile:
         raise SubjectMismatchError(
             f"signed profile {statement.profile!r} differs from run.json profile {run.profile!r}")
-    outcome = compute_verdict(reports).outcome
+    verdict = compute_verdict(reports)
+    outcome = verdict.outcome
     if statement.verdict != outcome:
         raise SummaryMismatchError(
             f"signed verdict {statement.verdict} disagrees with the reports, which give {outcome}")
     listed = {f.path for f in manifest.files}
     if VERDICT in listed:
-        written = _load(root, VERDICT, Verdict).outcome
-        if written != outcome:
-            raise SummaryMismatchError(
-                f"verdict.json says {written}, but the reports give {outcome}")
+        check_verdict(_load(root, VERDICT, Verdict), verdict)
     if (statement.git_commit is not None and git is not None and git.commit is not None
             and git.commit != statement.git_commit):
         raise SubjectMismatchError(

@@ -20,18 +20,41 @@ def verify_command(
     code: Annotated[Path | None, typer.Option(
         "--code", help="Also check that this git work tree holds the exact code the bundle ran "
         "(tracked and untracked non-ignored files, byte for byte).")] = None,
+    revoked: Annotated[Path | None, typer.Option(
+        "--revoked", help="Revoked public keys, one per line (what `ssh-keygen -Y verify -r` "
+        "reads; a binary KRL is refused): a bundle signed by one of them fails.")] = None,
+    max_members: Annotated[int | None, typer.Option(
+        "--max-members", min=1, help="Most archive entries read, folders included "
+        "[default: 10000].")] = None,
+    max_unpacked_mib: Annotated[int | None, typer.Option(
+        "--max-unpacked-mib", min=1, help="Most MiB the archive's files may unpack to "
+        "[default: 4096].")] = None,
+    max_ratio: Annotated[float | None, typer.Option(
+        "--max-ratio", min=1, help="Most unpacked bytes per compressed byte, past the first "
+        "32 MiB [default: 200].")] = None,
+    max_envelope_kib: Annotated[int | None, typer.Option(
+        "--max-envelope-kib", min=1, help="Largest attestation file read, in KiB "
+        "[default: 1024].")] = None,
 ) -> None:
     """Verify a bundle offline: signatures against your allowed_signers, every file digest,
     safe extraction, and every summary figure recomputed from the raw samples.
 
-    Exit 0 when it verifies, 1 on any verification failure (with ``--code``: also when that
-    tree is not the code the bundle ran), 2 when the bundle or the allowed_signers file cannot
-    be read.
+    An archive is read within bounds (the --max-* options; defaults in
+    ``k3fasttrack.bundle.limits``) and must be byte for byte the deterministic packing of the
+    files it holds. Exit 0 when it verifies, 1 on any verification failure (with ``--code``: also when that
+    tree is not the code the bundle ran), 2 when the bundle, the allowed_signers file or the
+    ``--revoked`` file cannot be read.
     """
     from k3fasttrack.bundle.verify import check_code, verify_bundle
 
+    from k3fasttrack.bundle.limits import limits_from
+
+    limits = limits_from(members=max_members, unpacked_mib=max_unpacked_mib, ratio=max_ratio,
+                         envelope_kib=max_envelope_kib)
     try:
-        result = verify_bundle(bundle, allowed_signers)
+        from k3fasttrack.summary.source import bundle_path
+
+        result = verify_bundle(bundle_path(bundle), allowed_signers, limits, revoked=revoked)
         code_digest = check_code(result, code) if code is not None else None
     except K3ftError as exc:
         label = "verify failed" if isinstance(exc, VerificationError) else "error"

@@ -7,9 +7,6 @@ files that exist but do not parse raise ``BundleFormatError`` (one line naming t
 from __future__ import annotations
 
 import json
-import tarfile
-import tempfile
-import zlib
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -19,6 +16,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from k3fasttrack.bundle.archive import open_bundle
 from k3fasttrack.errors import BundleFormatError
 from k3fasttrack.models.env import Environment
 from k3fasttrack.models.perf import PerfReport
@@ -70,38 +68,6 @@ class PerfConfig:
     config: dict[str, Any] | None
 
 
-def _check_member(member: tarfile.TarInfo, archive: Path) -> None:
-    """Refuse names that could escape the extraction folder, and anything but files/folders."""
-    name = PurePosixPath(member.name)
-    if name.is_absolute() or ".." in name.parts or "\\" in member.name:
-        raise BundleFormatError(f"{archive}: unsafe archive entry {member.name!r}")
-    if not (member.isfile() or member.isdir()):
-        raise BundleFormatError(
-            f"{archive}: archive entry {member.name!r} is not a plain file or folder"
-        )
-
-
-def _extract(archive: Path, dest: Path) -> None:
-    """Check every entry first, then write plain files and folders under ``dest``."""
-    try:
-        with tarfile.open(archive, "r:gz") as tar:
-            members = tar.getmembers()
-            for member in members:
-                _check_member(member, archive)
-            for member in members:
-                target = dest.joinpath(*PurePosixPath(member.name).parts)
-                if member.isdir():
-                    target.mkdir(parents=True, exist_ok=True)
-                    continue
-                target.parent.mkdir(parents=True, exist_ok=True)
-                source = tar.extractfile(member)
-                if source is None:
-                    raise BundleFormatError(f"{archive}: unreadable entry {member.name!r}")
-                target.write_bytes(source.read())
-    except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
-        raise BundleFormatError(f"{archive}: unreadable or truncated archive ({exc})") from None
-
-
 def _bundle_root(folder: Path, given: Path) -> Path:
     """The folder itself, or its only subfolder when the archive wraps the bundle in one."""
     if any((folder / name).is_file() for name in MARKER_FILES):
@@ -123,9 +89,8 @@ def bundle_folder(path: Path) -> Iterator[Path]:
         raise BundleFormatError(f"{path}: no such file or folder")
     if not path.name.endswith((".tar.gz", ".tgz")):
         raise BundleFormatError(f"{path}: not a bundle folder or .tar.gz archive")
-    with tempfile.TemporaryDirectory(prefix="k3ft-diff-") as tmp:
-        _extract(path, Path(tmp))
-        yield _bundle_root(Path(tmp), path)
+    with open_bundle(path) as root:
+        yield _bundle_root(root.parent, path)
 
 
 def _read_json_model(root: Path, rel: str, model: type[M], bundle: LoadedBundle) -> M | None:
