@@ -11,13 +11,21 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from k3fasttrack.evals.compare import compare_sides, read_samples, samples_path, write_samples
+from k3fasttrack.evals.compare import (
+    compare_sides,
+    judge,
+    read_samples,
+    samples_path,
+    write_samples,
+)
 from k3fasttrack.evals.datasets import SuiteData
-from k3fasttrack.evals.suite import load_suite
+from k3fasttrack.evals.suite import design, load_suite
 from k3fasttrack.models.evals import EvalsReport
 from k3fasttrack.models.samples import EvalSample
 from k3fasttrack.tiers.evals import SPEC
-from k3fasttrack.tiers.evals.tier import suite_result
+from k3fasttrack.tiers.evals.tier import suite_results
+
+DESIGN = design(load_suite("eval_suites/demo/gsm8k.yaml"))
 
 
 def _samples(
@@ -51,7 +59,7 @@ def _pair(seed: int, n: int = 40) -> tuple[list[EvalSample], list[EvalSample]]:
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_paired_figures_agree_with_scipy(seed: int) -> None:
     base, cand = _pair(seed)
-    got = compare_sides(base, cand, margin=0.2)
+    got = compare_sides(base, cand, design=DESIGN)
     x = np.array([s.score for s in base])
     y = np.array([s.score for s in cand])
     cmp = got.comparison
@@ -65,22 +73,25 @@ def test_paired_figures_agree_with_scipy(seed: int) -> None:
     same = sum(1 for p, q in zip(base, cand, strict=True) if p.output == q.output)
     assert got.identical_outputs == same
     assert got.identity_rate == pytest.approx(same / len(base))
-    assert got.outcome == ("pass" if -0.2 <= cmp.ci_low and cmp.ci_high <= 0.2 else "fail")
+    assert got.evidence is not None and (got.evidence.losses, got.evidence.gains) == (b, c)
 
 
-def test_margin_decides_pass_and_fail() -> None:
+def test_a_regression_fails_and_identical_answers_pass() -> None:
     base = _samples("baseline", [1.0] * 20, ["a"] * 20)
     worse = _samples("candidate", [1.0] * 12 + [0.0] * 8, ["a"] * 20)
-    assert compare_sides(base, base[:], margin=0.05).outcome == "pass"
-    bad = compare_sides(base, worse, margin=0.1)
-    assert bad.outcome == "fail" and "leaves ±0.1" in bad.reason
+    same, bad = judge([compare_sides(base, base[:], design=DESIGN),
+                       compare_sides(base, worse, design=DESIGN)])
+    assert same.result == "PASS" and same.outcome == "pass"
+    assert bad.result == "FAIL" and bad.reason.startswith("regression: 8 lost vs 0 gained")
 
 
 def test_different_prompts_fail_the_suite() -> None:
     base, cand = _pair(5)
     cand[3] = cand[3].model_copy(update={"prompt_sha256": "0" * 64})
-    got = compare_sides(base, cand, margin=1.0)
-    assert got.prompt_mismatches == 1 and got.outcome == "fail"
+    got = compare_sides(base, cand, design=DESIGN)
+    assert got.prompt_mismatches == 1 and got.evidence is None
+    (judged,) = judge([got])
+    assert (judged.result, judged.outcome, judged.gate) == ("FAIL", "fail", None)
 
 
 def _bundle(tmp_path: Path) -> EvalsReport:
@@ -93,14 +104,14 @@ def _bundle(tmp_path: Path) -> EvalsReport:
         for s in ("baseline", "candidate")
     }
     data = SuiteData({"test": []}, source="test", sha256="0")
-    result = suite_result("eval_suites/demo/gsm8k.yaml", suite, data, tmp_path, cells)  # type: ignore[arg-type]
+    (result,) = suite_results([("eval_suites/demo/gsm8k.yaml", suite, data, cells)], tmp_path)  # type: ignore[list-item]
     assert result.deviations == (
         "slice: 30 of 1319 documents",
         "generation budget: 128 tokens instead of 256",
     )
-    return EvalsReport(
-        status="PASS" if result.outcome == "pass" else "FAIL", reason="t", suites=(result,)
-    )
+    assert result.design == DESIGN and result.gate is not None
+    return EvalsReport(status=result.result if result.result != "INCONCLUSIVE" else "INCOMPLETE",
+                       reason="t", suites=(result,))
 
 
 def test_recompute_agrees_with_an_untouched_bundle(tmp_path: Path) -> None:
@@ -141,7 +152,8 @@ def test_normalise_keeps_the_suites_filter_and_hashes_the_exact_prompt() -> None
         for d in (1, 0) for f in ("strict-match", "flexible-extract")
     ]
     got = normalise(suite, "baseline", raw)
-    assert [(s.doc_id, s.score, s.output) for s in got] == [("0", 0.0, "out 0"), ("1", 1.0, "out 1")]
+    assert [(s.doc_id, s.score, s.output) for s in got] == [
+        ("0", 0.0, "out 0"), ("1", 1.0, "out 1")]
     assert got[0].prompt_sha256 == hashlib.sha256(b"plain prompt").hexdigest()
     assert got[1].prompt_sha256 == hashlib.sha256(chat.prompt.encode()).hexdigest()
 
@@ -154,7 +166,8 @@ def test_gpqa_task_keeps_the_fixed_answer_order() -> None:
     suite = load_suite("eval_suites/demo/gpqa_diamond.yaml")
     data = load_suite_data(suite, DataPaths())
     cfg = task_config(suite, data)
-    assert cfg["process_docs"] is keep_docs, "lm-eval's own process_docs reshuffles with global random"
+    assert cfg["process_docs"] is keep_docs, (
+        "lm-eval's own process_docs reshuffles with global random")
     assert "dataset_path" not in cfg and cfg["generation_kwargs"]["max_gen_toks"] == 96
     docs = list(build_task(suite, data).eval_docs)
     assert [d["answer"] for d in docs] == [d["answer"] for d in data.splits["train"]]

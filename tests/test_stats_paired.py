@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.stats as st
 
-from k3fasttrack.stats.paired import mcnemar_exact_p, paired_compare, within_margin
+from k3fasttrack.stats.paired import mcnemar_exact_p, paired_compare
 
 
 def _binary_scores(rng: np.random.Generator, n: int, p: float, flip: float) -> tuple[dict, dict]:
@@ -57,12 +57,11 @@ def test_worked_example_from_the_research_note() -> None:
     """Candidate wrong on 2 of 6 questions the baseline got right."""
     base = {str(i): 1.0 for i in range(6)}
     cand = {**base, "0": 0.0, "1": 0.0}
-    c = paired_compare(base, cand, margin=0.1, seed=0)
+    c = paired_compare(base, cand, seed=0)
     assert c.diff == pytest.approx(-1 / 3)
     assert c.se == pytest.approx(0.2108, abs=1e-4)
     assert (c.baseline_only_right, c.candidate_only_right, c.mcnemar_p) == (2, 0, 0.5)
     assert (c.ci_low, c.ci_high) == (pytest.approx(-2 / 3), 0.0)
-    assert c.within_margin is False
 
 
 def test_only_documents_on_both_sides_are_paired() -> None:
@@ -73,25 +72,23 @@ def test_only_documents_on_both_sides_are_paired() -> None:
     assert c.mean_candidate == pytest.approx(1.0) and c.diff == pytest.approx(1 / 3)
 
 
-def test_identical_scores_are_within_any_margin_and_one_se() -> None:
+def test_identical_scores_give_a_collapsed_bootstrap_and_the_one_se_hint() -> None:
+    """The descriptive bootstrap collapses without discordant documents; the gate does not use
+    it for 0/1 scores (tests/test_evals_stats_gate.py checks the gate's interval)."""
     rng = np.random.default_rng(1)
     base, _ = _binary_scores(rng, 50, 0.6, 0.0)
-    c = paired_compare(base, dict(base), margin=0.02)
+    c = paired_compare(base, dict(base))
     assert c.diff == 0.0 and (c.ci_low, c.ci_high) == (0.0, 0.0)
-    assert c.within_margin is True and c.within_one_se_hint is True and c.mcnemar_p == 1.0
+    assert c.within_one_se_hint is True and c.mcnemar_p == 1.0
 
 
-def test_within_margin_rule_and_one_se_hint() -> None:
-    assert within_margin((-0.02, 0.01), 0.03)
-    assert not within_margin((-0.04, 0.01), 0.03)
-    assert not within_margin((-0.01, 0.031), 0.03)
-    assert not within_margin((None, None), 0.03)
+def test_one_se_hint_is_false_for_a_large_loss() -> None:
     rng = np.random.default_rng(2)
     base, cand = _binary_scores(rng, 40, 0.5, 0.0)
     for k in list(cand)[:12]:  # candidate loses 12 answers: far beyond one SE (~0.08)
         cand[k] = 0.0
-    c = paired_compare(base, cand, margin=0.05)
-    assert c.within_one_se_hint is False and c.within_margin is False
+    c = paired_compare(base, cand)
+    assert c.within_one_se_hint is False
 
 
 def test_seeded_bootstrap_is_reproducible() -> None:
@@ -115,5 +112,5 @@ def test_mcnemar_edge_cases() -> None:
 
 
 def test_empty_pairing_gives_no_figures() -> None:
-    c = paired_compare({"a": 1.0}, {"b": 1.0}, margin=0.1)
-    assert c.n == 0 and c.diff is None and c.ci_low is None and c.within_margin is None
+    c = paired_compare({"a": 1.0}, {"b": 1.0})
+    assert c.n == 0 and c.diff is None and c.ci_low is None

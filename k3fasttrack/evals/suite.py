@@ -16,6 +16,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from k3fasttrack.errors import UsageError
 from k3fasttrack.models.base import Record
+from k3fasttrack.stats.models import NoninferiorityDesign
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SUITES_DIR = REPO_ROOT / "eval_suites"
@@ -98,9 +99,19 @@ class Score(Record):
 
 
 class PassRule(Record):
-    """Declared up front: the 95% bootstrap interval of candidate - baseline lies within ±margin."""
+    """Declared up front: the one-sided non-inferiority design of the suite (see
+    ``k3fasttrack.stats.noninferiority`` for the rule it drives)."""
 
     margin: float = Field(gt=0.0, le=1.0)
+    """Largest drop of candidate - baseline accepted: the one-sided bound must lie above it."""
+    alpha: float = Field(0.025, gt=0.0, lt=0.5)
+    """One-sided level: regression test (Holm across suites), bound (1 - 2 alpha interval)."""
+    power: float = Field(0.8, gt=0.5, lt=1.0)
+    """Power at which the minimal detectable drop is stated."""
+    aa_flip_rate: float = Field(ge=0.0, lt=1.0)
+    """Share of documents whose score differs between two baseline runs (numerical noise)."""
+    chance: float = Field(0.0, ge=0.0, lt=1.0)
+    """Accuracy by guessing: 0.25 for 4-choice questions, 0 for free-form answers."""
 
 
 class Suite(Record):
@@ -189,6 +200,15 @@ def suite_relpath(ref: str | Path) -> str:
         return path.relative_to(REPO_ROOT).as_posix()
     except ValueError:
         return path.as_posix()
+
+
+def design(suite: Suite) -> NoninferiorityDesign:
+    """The suite's declared non-inferiority design, with its planned number of documents."""
+    rule = suite.pass_rule
+    return NoninferiorityDesign(
+        margin=rule.margin, alpha=rule.alpha, power=rule.power, aa_flip_rate=rule.aa_flip_rate,
+        chance=rule.chance, planned_n=min(suite.limit or suite.full_size, suite.full_size),
+    )
 
 
 def budget_deviations(suite: Suite, n_used: int) -> list[str]:

@@ -1,8 +1,8 @@
 """Evals tier: profile section and report. (Owner: evals tier.)
 
 The report carries, per suite, the paired baseline/candidate comparison computed from the
-per-sample logs in the bundle (``evals/<suite>/<side>.jsonl``), the pass rule that was declared
-in the suite file before the run, every deviation from the full suite, and the counter evidence
+per-sample logs in the bundle (``evals/<suite>/<side>.jsonl``), the non-inferiority design that
+was declared in the suite file before the run and the gate it gives, every deviation from the full suite, and the counter evidence
 taken around each cell (the proof tier reads it).
 """
 
@@ -15,7 +15,12 @@ from pydantic import Field
 from k3fasttrack.models.base import CheckOutcome, Record
 from k3fasttrack.models.serving import SwitchCheckRecord
 from k3fasttrack.models.tier import TierReportBase
-from k3fasttrack.stats.models import PairedComparison
+from k3fasttrack.stats.models import (
+    NoninferiorityDesign,
+    NoninferiorityGate,
+    PairedComparison,
+    SuiteVerdict,
+)
 
 
 class EvalsConfig(Record):
@@ -43,8 +48,16 @@ class SuiteResult(Record):
     max_model_len: int
     """The server's max model length, passed to lm-eval as ``max_length``."""
     margin: float
-    """Declared in the suite file: the interval of the paired difference must lie in ±margin."""
+    """The declared non-inferiority margin (``design.margin``)."""
+    design: NoninferiorityDesign
+    """Declared in the suite file before the run: margin, alpha, power, A/A flip rate, chance
+    level, and the planned number of documents."""
     comparison: PairedComparison
+    """Descriptive paired figures (mean difference, bootstrap interval, two-sided McNemar)."""
+    gate: NoninferiorityGate | None
+    """The accuracy gate (None only when the suite failed before any statistics)."""
+    result: SuiteVerdict
+    """PASS, FAIL or INCONCLUSIVE (at floor, at chance, or too few documents to tell)."""
     identical_outputs: int
     """Documents whose output text is byte-identical between the two sides."""
     identity_rate: float
@@ -52,7 +65,7 @@ class SuiteResult(Record):
     prompt_mismatches: int
     """Documents whose prompt digest differs between sides (must be 0 for a fair comparison)."""
     outcome: CheckOutcome
-    """``pass`` when the interval lies within the margin and the prompts match; else ``fail``."""
+    """``result`` as a check outcome: ``needs_review`` for an INCONCLUSIVE suite."""
     reason: str
     deviations: tuple[str, ...] = ()
     """Every way this run departs from the full suite (slice, budget, synthetic data)."""

@@ -1,7 +1,14 @@
-"""Statistics shared by the perf and evals tiers and by ``k3ft diff`` (numpy only)."""
+"""Statistics shared by the perf and evals tiers and by ``k3ft diff`` (numpy and scipy)."""
 
-from k3fasttrack.stats.models import Comparison, MedianCI, PairedComparison
-from k3fasttrack.stats.paired import mcnemar_exact_p, paired_compare, within_margin
+from k3fasttrack.stats.models import (
+    Comparison,
+    MedianCI,
+    NoninferiorityDesign,
+    NoninferiorityGate,
+    PairedComparison,
+)
+from k3fasttrack.stats.noninferiority import gates, suite_evidence
+from k3fasttrack.stats.paired import mcnemar_exact_p, paired_compare
 from k3fasttrack.stats.perf import (
     bootstrap_ratio_ci,
     compare_samples,
@@ -16,9 +23,12 @@ from k3fasttrack.stats.perf import (
 __all__ = [
     "Comparison",
     "MedianCI",
+    "NoninferiorityDesign",
+    "NoninferiorityGate",
     "PairedComparison",
     "bootstrap_ratio_ci",
     "compare_samples",
+    "gates",
     "geomean",
     "mann_whitney_u",
     "mcnemar_exact_p",
@@ -27,5 +37,5 @@ __all__ = [
     "p99",
     "paired_compare",
     "percentile",
-    "within_margin",
+    "suite_evidence",
 ]

@@ -3,8 +3,9 @@
 Both sides answer the same documents, so the quantity that matters is the per-document
 difference d_i = candidate_i - baseline_i: its mean, its paired standard error sd(d)/sqrt(n),
 a seeded bootstrap interval over documents, and for 0/1 scores the exact McNemar test on the
-discordant pairs. The pass rule is an equivalence margin on the interval (declared before the
-run); "within one standard error" is only a hint for humans (too weak to gate on).
+discordant pairs. These are the descriptive figures (also used by ``k3ft diff``); the evals
+tier's pass rule is the one-sided gate of ``stats.noninferiority``. "Within one standard error"
+is only a hint for humans (too weak to gate on).
 """
 
 from __future__ import annotations
@@ -61,15 +62,7 @@ def bootstrap_mean_ci(
     return float(low), float(high)
 
 
-def within_margin(diff_ci: tuple[float | None, float | None], margin: float) -> bool:
-    """The pass rule: the whole interval of the difference lies within [-margin, +margin]."""
-    low, high = diff_ci
-    if low is None or high is None:
-        return False
-    return -margin <= low and high <= margin
-
-
-def _common(
+def common_scores(
     baseline: Mapping[str, float], candidate: Mapping[str, float]
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Scores of the documents present on both sides, in sorted doc_id order."""
@@ -89,7 +82,6 @@ def paired_compare(
     baseline: Mapping[str, float],
     candidate: Mapping[str, float],
     *,
-    margin: float | None = None,
     seed: int = 0,
     bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS,
 ) -> PairedComparison:
@@ -97,7 +89,7 @@ def paired_compare(
 
     Only documents scored on both sides are paired; the others are counted, not used.
     """
-    base, cand = _common(baseline, candidate)
+    base, cand = common_scores(baseline, candidate)
     n = int(base.size)
     diffs = cand - base
     se = paired_se(diffs)
@@ -121,8 +113,6 @@ def paired_compare(
         baseline_only_right=b,
         candidate_only_right=c,
         mcnemar_p=mcnemar_exact_p(b, c) if b is not None and c is not None else None,
-        margin=margin,
-        within_margin=within_margin(ci, margin) if margin is not None and n else None,
         within_one_se_hint=abs(diff) <= base_se
         if diff is not None and base_se is not None
         else None,

@@ -23,19 +23,43 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return out + [""]
 
 
+def _drop(x: float | None) -> str:
+    return "none detectable" if x is None else _f(x)
+
+
+def _evals_row(s: dict[str, Any]) -> list[Any]:
+    cmp, gate = s.get("comparison") or {}, s.get("gate") or {}
+    design = s.get("design") or {}
+    if not gate:
+        return [s["suite"], cmp.get("n"), _f(cmp.get("mean_baseline")),
+                _f(cmp.get("mean_candidate")), "n/a", "n/a", "n/a", f"-{design.get('margin')}",
+                "n/a", design.get("chance"), f"{s.get('identity_rate', 0):.0%}", s.get("result")]
+    mdd = (f"{_drop(gate.get('mdd'))} at {design.get('power', 0):.0%} power; planned "
+           f"{_drop(gate.get('planned_mdd'))} at n={design.get('planned_n')}")
+    level = f"{gate.get('interval_level', 0):.0%}"
+    return [s["suite"], gate.get("n"), _f(cmp.get("mean_baseline")),
+            _f(cmp.get("mean_candidate")), f"{gate.get('losses')} / {gate.get('gains')}",
+            f"{cmp.get('diff', 0):+.3f} {level} [{gate.get('ci_low', 0):+.3f}, "
+            f"{gate.get('ci_high', 0):+.3f}]",
+            f"{_f(gate.get('regression_p'))} / {_f(gate.get('regression_p_holm'))}",
+            f"-{design.get('margin')}", mdd,
+            f"{design.get('chance')}; above it: p={_f(gate.get('chance_p'))}",
+            f"{s.get('identity_rate', 0):.0%}", s.get("result")]
+
+
 def evals(r: dict[str, Any]) -> list[str]:
-    """One row per suite: n, means, paired difference with its interval, McNemar, margin."""
-    rows, notes = [], []
-    for s in r.get("suites", []):
-        cmp = s.get("comparison") or {}
-        rows.append([s["suite"], cmp.get("n"), _f(cmp.get("mean_baseline")),
-                     _f(cmp.get("mean_candidate")),
-                     f"{cmp.get('diff', 0):+.3f} [{cmp.get('ci_low', 0):+.3f}, "
-                     f"{cmp.get('ci_high', 0):+.3f}]", _f(cmp.get("mcnemar_p")),
-                     f"±{s.get('margin')}", f"{s.get('identity_rate', 0):.0%}", s.get("outcome")])
-        notes += [f"- {s['suite']}: {d}" for d in s.get("deviations", [])]
-    out = _table(["suite", "n", "baseline", "candidate", "diff [95% CI]", "McNemar p",
-                  "margin", "identical outputs", "result"], rows)
+    """One row per suite: n, means, discordant counts, the non-inferiority interval, the
+    regression test (raw / Holm), the margin with the minimal detectable drop, the chance level,
+    and the suite's result; then why each suite ended as it did, and the deviations."""
+    rows = [_evals_row(s) for s in r.get("suites", [])]
+    notes = [f"- {_c(s['suite'])}: {_c(d)}" for s in r.get("suites", [])
+             for d in s.get("deviations", [])]
+    why = [f"- {_c(s['suite'])} {_c(s.get('result'))}: {_c(s.get('reason'))}"
+           for s in r.get("suites", [])]
+    out = _table(["suite", "n", "baseline", "candidate", "lost / gained", "diff [interval]",
+                  "regression p / Holm", "margin", "min. detectable drop", "chance",
+                  "identical outputs", "result"], rows)
+    out += ["Per suite:", *why, ""] if why else []
     return out + (["Deviations from the full suites:", *notes, ""] if notes else [])
 
 

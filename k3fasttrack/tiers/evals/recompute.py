@@ -1,15 +1,18 @@
-"""``verify``: re-derive every suite's figures from the per-sample logs in the bundle."""
+"""``verify``: re-derive every suite's figures, gate and the tier's status from the per-sample
+logs in the bundle (the Holm correction runs over the report's suites, as it did in the run)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
-from k3fasttrack.evals.compare import compare_sides, read_samples
+from k3fasttrack.evals.compare import Judged, Paired, compare_sides, judge, read_samples
 from k3fasttrack.models.base import TierStatus
 from k3fasttrack.models.evals import EvalsReport, SuiteResult
 from k3fasttrack.models.reports import TierReport
-from k3fasttrack.tiers.restatus import serving_status
+from k3fasttrack.stats.models import SuiteVerdict
+from k3fasttrack.tiers.restatus import Restated, serving_status
 
 _FIELDS = (
     "n",
@@ -22,40 +25,51 @@ _FIELDS = (
     "baseline_only_right",
     "candidate_only_right",
     "mcnemar_p",
-    "within_margin",
 )
 
 
 def _differs(a: object, b: object) -> bool:
     if isinstance(a, float) and isinstance(b, float):
         return not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() != b.keys() or any(_differs(a[k], b[k]) for k in a)
     return a != b
 
 
-def _one(result: SuiteResult, bundle_dir: Path) -> list[str]:
-    for rel in result.samples.values():
-        if not (bundle_dir / rel).is_file():
-            return [f"{result.suite}: per-sample log {rel} is missing"]
-    base = read_samples(bundle_dir, result.samples["baseline"])
-    cand = read_samples(bundle_dir, result.samples["candidate"])
-    stated = result.comparison
-    again = compare_sides(
-        base, cand, margin=result.margin, seed=stated.seed, bootstrap_iters=stated.bootstrap_iters
-    )
+def _missing(report: EvalsReport, bundle_dir: Path) -> list[str]:
+    return [f"{r.suite}: per-sample log {rel} is missing"
+            for r in report.suites for rel in r.samples.values() if not (bundle_dir / rel).is_file()]
+
+
+def rejudge(report: EvalsReport, bundle_dir: Path) -> list[tuple[Paired, Judged]]:
+    """Every suite of the report compared and gated again from its samples (logs must exist)."""
+    paired = []
+    for r in report.suites:
+        base = read_samples(bundle_dir, r.samples["baseline"])
+        cand = read_samples(bundle_dir, r.samples["candidate"])
+        paired.append(compare_sides(base, cand, design=r.design, seed=r.comparison.seed,
+                                    bootstrap_iters=r.comparison.bootstrap_iters))
+    return list(zip(paired, judge(paired), strict=True))
+
+
+def _one(result: SuiteResult, again: Paired, judged: Judged) -> list[str]:
     problems = []
     for name in _FIELDS:
-        got, said = getattr(again.comparison, name), getattr(stated, name)
+        got, said = getattr(again.comparison, name), getattr(result.comparison, name)
         if _differs(got, said):
             problems.append(f"{result.suite}: {name} recomputes to {got}, report says {said}")
     if again.identical_outputs != result.identical_outputs:
-        problems.append(
-            f"{result.suite}: identical outputs recompute to {again.identical_outputs}, "
-            f"report says {result.identical_outputs}"
-        )
-    if again.outcome != result.outcome:
-        problems.append(
-            f"{result.suite}: samples give {again.outcome}, report says {result.outcome}"
-        )
+        problems.append(f"{result.suite}: identical outputs recompute to "
+                        f"{again.identical_outputs}, report says {result.identical_outputs}")
+    got_gate = judged.gate.model_dump() if judged.gate else {}
+    said_gate = result.gate.model_dump() if result.gate else {}
+    for name in sorted(set(got_gate) | set(said_gate)):
+        if _differs(got_gate.get(name), said_gate.get(name)):
+            problems.append(f"{result.suite}: gate {name} recomputes to {got_gate.get(name)}, "
+                            f"report says {said_gate.get(name)}")
+    if (judged.result, judged.outcome) != (result.result, result.outcome):
+        problems.append(f"{result.suite}: samples give {judged.result}, report says "
+                        f"{result.result} ({result.outcome})")
     return problems
 
 
@@ -63,18 +77,39 @@ def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
     """One message per figure of the report that the raw samples do not reproduce."""
     if not isinstance(report, EvalsReport):
         return [f"expected an evals report, got {report.tier}"]
+    missing = _missing(report, bundle_dir)
+    if missing:
+        return missing
     problems: list[str] = []
-    for result in report.suites:
-        problems.extend(_one(result, bundle_dir))
-    if report.status == "PASS" and any(r.outcome != "pass" for r in report.suites):
-        problems.append("status PASS although a suite failed")
+    for result, (again, judged) in zip(report.suites, rejudge(report, bundle_dir), strict=True):
+        problems.extend(_one(result, again, judged))
+    if report.status == "PASS" and any(r.result != "PASS" for r in report.suites):
+        problems.append("status PASS although a suite did not pass")
     return problems
 
 
+def suites_status(report: EvalsReport, suites: Sequence[tuple[str, SuiteVerdict, str]]) -> Restated:
+    """The evals rule: a failed suite FAILs the tier, then the other checks and the switch check
+    (``serving_status``); a tier that would pass with an INCONCLUSIVE suite is INCOMPLETE, so the
+    verdict can never be PASS from a suite that could not tell."""
+    failed = [(name, "fail", why) for name, result, why in suites if result == "FAIL"]
+    status = serving_status(report, failed, report.switch)
+    if status[0] != "PASS":
+        return status
+    unsure = [f"{name}: {why}" for name, result, why in suites if result == "INCONCLUSIVE"]
+    if unsure:
+        return "INCOMPLETE", "inconclusive: " + "; ".join(unsure)
+    return status
+
+
 def restatus(report: TierReport, bundle_dir: Path) -> tuple[TierStatus, str]:
-    """The status the suites' outcomes (re-derived from the samples by ``recompute``), the other
-    checks and the switch check give."""
+    """The status the suites' gates, re-derived from the samples, the other checks and the switch
+    check give."""
     if not isinstance(report, EvalsReport):
         return "FAIL", f"expected an evals report, got {report.tier}"
-    results = [(r.suite, r.outcome, r.reason) for r in report.suites]
-    return serving_status(report, results, report.switch)
+    missing = _missing(report, bundle_dir)
+    if missing:
+        return "FAIL", missing[0]
+    judged = [j for _, j in rejudge(report, bundle_dir)]
+    return suites_status(report, [(r.suite, j.result, j.reason)
+                                  for r, j in zip(report.suites, judged, strict=True)])

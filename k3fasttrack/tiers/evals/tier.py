@@ -13,7 +13,10 @@ from typing import Any
 
 from k3fasttrack.errors import InfrastructureError, UsageError
 from k3fasttrack.evals.compare import (
+    Judged,
+    Paired,
     compare_sides,
+    judge,
     read_samples,
     results_path,
     samples_path,
@@ -26,11 +29,12 @@ from k3fasttrack.evals.suite import (
     Suite,
     SuiteError,
     budget_deviations,
+    design,
     load_suite,
     suite_digest,
     suite_relpath,
 )
-from k3fasttrack.models.base import Check, TierStatus
+from k3fasttrack.models.base import Check
 from k3fasttrack.models.evals import EvalsReport, SuiteResult
 from k3fasttrack.models.plan import Cell
 from k3fasttrack.models.profile import Profile
@@ -45,8 +49,8 @@ from k3fasttrack.serving import (
     counters_before,
     pair_service,
 )
-from k3fasttrack.serving.runner import switch_outcome
 from k3fasttrack.serving.server import Server
+from k3fasttrack.tiers.evals.recompute import suites_status
 
 SIDES: tuple[Side, ...] = ("baseline", "candidate")
 FAILURE_LOG = "evals/server_failure.log"
@@ -142,13 +146,22 @@ def run_suite_side(
     }
 
 
-def suite_result(
-    ref: str, suite: Suite, data: SuiteData, bundle_dir: Path, cells: dict[Side, dict[str, Any]]
-) -> SuiteResult:
+def suite_paired(suite: Suite, bundle_dir: Path) -> Paired:
     """Compare the two sides of a finished suite from the samples in the bundle."""
     base = read_samples(bundle_dir, samples_path(suite.name, "baseline"))
     cand = read_samples(bundle_dir, samples_path(suite.name, "candidate"))
-    paired = compare_sides(base, cand, margin=suite.pass_rule.margin)
+    return compare_sides(base, cand, design=design(suite))
+
+
+def suite_result(
+    ref: str,
+    suite: Suite,
+    data: SuiteData,
+    cells: dict[Side, dict[str, Any]],
+    paired: Paired,
+    judged: Judged,
+) -> SuiteResult:
+    """A finished suite's record: its settings, its paired figures and its gate."""
     devs = budget_deviations(suite, paired.comparison.n) + list(data.deviations)
     return SuiteResult(
         suite=suite.name,
@@ -161,12 +174,15 @@ def suite_result(
         seed=suite.generation.seed,
         max_model_len=int(cells["candidate"]["max_model_len"]),
         margin=suite.pass_rule.margin,
+        design=design(suite),
         comparison=paired.comparison,
+        gate=judged.gate,
+        result=judged.result,
         identical_outputs=paired.identical_outputs,
         identity_rate=paired.identity_rate,
         prompt_mismatches=paired.prompt_mismatches,
-        outcome=paired.outcome,
-        reason=paired.reason,
+        outcome=judged.outcome,
+        reason=judged.reason,
         deviations=tuple(devs),
         samples={s: samples_path(suite.name, s) for s in SIDES},
         lm_eval_results={s: results_path(suite.name, s) for s in SIDES},
@@ -174,24 +190,16 @@ def suite_result(
     )
 
 
-def _status(
-    results: list[SuiteResult],
-    failed: list[str],
-    switch: SwitchCheckRecord | None,
-    infra: InfrastructureError | None,
-    wanted: int,
-) -> tuple[TierStatus, str]:
-    bad = [r for r in results if r.outcome != "pass"]
-    if bad:
-        return "FAIL", f"{bad[0].suite}: {bad[0].reason}"
-    if failed:
-        return "FAIL", failed[0]
-    if infra is not None:
-        return "INCOMPLETE", f"{len(results)} of {wanted} suite(s) done; {infra.one_line()}"
-    forced = switch_outcome(switch)
-    if forced is not None:
-        return forced
-    return "PASS", f"all {len(results)} suite(s) within their declared margins"
+Finished = tuple[str, Suite, SuiteData, dict[Side, dict[str, Any]]]
+"""A finished suite: its reference, definition, data and the results of its two cells."""
+
+
+def suite_results(done: list[Finished], bundle_dir: Path) -> list[SuiteResult]:
+    """Every finished suite's record, gated together (Holm across them)."""
+    paired = [suite_paired(suite, bundle_dir) for _, suite, _, _ in done]
+    judged = judge(paired)
+    return [suite_result(ref, suite, data, cells, p, j)
+            for (ref, suite, data, cells), p, j in zip(done, paired, judged, strict=True)]
 
 
 def run(ctx: TierContext) -> EvalsReport:
@@ -201,7 +209,7 @@ def run(ctx: TierContext) -> EvalsReport:
     if not ctx.profile.evals.suites:
         raise NotRunnable("the profile names no eval suite")
     inputs = load_inputs(ctx.profile, ctx.options)
-    results: list[SuiteResult] = []
+    done: list[Finished] = []
     failed: list[str] = []
     evidence: list[dict[str, Any]] = []
     infra: InfrastructureError | None = None
@@ -217,12 +225,13 @@ def run(ctx: TierContext) -> EvalsReport:
                 failed.append(str(exc))
                 continue
             evidence.extend(c["evidence"] for c in cells.values())
-            results.append(suite_result(ref, suite, data, ctx.bundle_dir, cells))
+            done.append((ref, suite, data, cells))
     except InfrastructureError as exc:
         infra = exc
         log_tail = exc.log_lines if isinstance(exc, ServerError) else []
         if log_tail:
             write_bytes_atomic(ctx.bundle_dir / FAILURE_LOG, ("\n".join(log_tail) + "\n").encode())
+    results = suite_results(done, ctx.bundle_dir)
     return _report(results, failed, switch, infra, log_tail, evidence, len(inputs))
 
 
@@ -251,7 +260,6 @@ def _report(
     evidence: list[dict[str, Any]],
     wanted: int,
 ) -> EvalsReport:
-    status, reason = _status(results, failed, switch, infra, wanted)
     checks = [Check(name=f"suite:{r.suite}", outcome=r.outcome, reason=r.reason) for r in results]
     checks += [
         Check(name=f"suite:{msg.split(' ', 1)[0]}", outcome="fail", reason=msg) for msg in failed
@@ -266,9 +274,10 @@ def _report(
         )
     raw = [p for r in results for p in (*r.samples.values(), *r.lm_eval_results.values())]
     raw += [FAILURE_LOG] if log_tail else []
-    return EvalsReport(
-        status=status,
-        reason=reason,
+    provisional = EvalsReport(
+        status="PASS" if infra is None else "INCOMPLETE",
+        reason="" if infra is None else f"{len(results)} of {wanted} suite(s) done; "
+        f"{infra.one_line()}",
         checks=tuple(checks),
         raw_files=tuple(raw),
         suites=tuple(results),
@@ -276,3 +285,5 @@ def _report(
         path_evidence=tuple(evidence),
         server_log_tail=tuple(log_tail),
     )
+    status, reason = suites_status(provisional, [(r.suite, r.result, r.reason) for r in results])
+    return provisional.model_copy(update={"status": status, "reason": reason})

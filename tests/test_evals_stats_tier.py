@@ -1,0 +1,107 @@
+"""The evals tier's status from its suites' gates: an INCONCLUSIVE suite never lets the tier
+PASS, and ``verify`` (``restatus``/``recompute``) re-derives the gates from the raw samples."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from k3fasttrack.evals.compare import samples_path, write_samples
+from k3fasttrack.evals.datasets import SuiteData
+from k3fasttrack.evals.suite import SUITES_DIR, SuiteError, load_suite
+from k3fasttrack.models.evals import EvalsReport
+from k3fasttrack.models.samples import EvalSample
+from k3fasttrack.summary.tables import evals as evals_table
+from k3fasttrack.tiers.evals import SPEC
+from k3fasttrack.tiers.evals.tier import _report, suite_results
+
+DEMO = {name: str(SUITES_DIR / f"demo/{name}.yaml") for name in ("gsm8k", "gpqa_diamond")}
+
+
+def _write(bundle: Path, suite: str, side: str, scores: list[float]) -> None:
+    write_samples(bundle, samples_path(suite, side), [
+        EvalSample(suite=suite, side=side, doc_id=str(i), score=s,  # type: ignore[arg-type]
+                   prompt_sha256=hashlib.sha256(f"{suite} {i}".encode()).hexdigest(),
+                   output=f"out {i} {s}")
+        for i, s in enumerate(scores)])
+
+
+def _tier(bundle: Path, scores: dict[str, tuple[list[float], list[float]]]) -> EvalsReport:
+    done = []
+    for name, (base, cand) in scores.items():
+        _write(bundle, name, "baseline", base)
+        _write(bundle, name, "candidate", cand)
+        cells = {s: {"max_model_len": 2048, "evidence": {"side": s}}
+                 for s in ("baseline", "candidate")}
+        done.append((DEMO[name], load_suite(DEMO[name]),
+                     SuiteData({"test": []}, source="test", sha256="0"), cells))
+    results = suite_results(done, bundle)  # type: ignore[arg-type]
+    return _report(results, [], None, None, [], [], len(done))
+
+
+def test_zero_accuracy_and_chance_level_suites_make_the_tier_inconclusive(tmp_path) -> None:
+    report = _tier(tmp_path, {"gsm8k": ([0.0] * 30, [0.0] * 30),
+                              "gpqa_diamond": ([1.0] * 4 + [0.0] * 6,) * 2})
+    assert [r.result for r in report.suites] == ["INCONCLUSIVE", "INCONCLUSIVE"]
+    assert [r.outcome for r in report.suites] == ["needs_review", "needs_review"]
+    assert report.status == "INCOMPLETE" and report.reason.startswith(
+        "inconclusive: gsm8k: at floor: the baseline scored 0 of 30; gpqa_diamond: at chance")
+    assert SPEC.restatus(report, tmp_path) == (report.status, report.reason)
+    assert SPEC.recompute(report, tmp_path) == []
+
+
+def test_one_inconclusive_suite_keeps_a_passing_tier_from_pass(tmp_path) -> None:
+    good = [1.0] * 25 + [0.0] * 5
+    report = _tier(tmp_path, {"gsm8k": (good, good),
+                              "gpqa_diamond": ([1.0] * 4 + [0.0] * 6,) * 2})
+    assert [r.result for r in report.suites] == ["PASS", "INCONCLUSIVE"]
+    assert report.status == "INCOMPLETE"
+    forged = report.model_copy(update={"status": "PASS", "reason": "all fine"})
+    assert SPEC.restatus(forged, tmp_path)[0] == "INCOMPLETE"
+    assert "status PASS although a suite did not pass" in SPEC.recompute(forged, tmp_path)
+
+
+def test_verify_recomputes_a_regression_from_edited_samples(tmp_path) -> None:
+    good = [1.0] * 25 + [0.0] * 5
+    report = _tier(tmp_path, {"gsm8k": (good, good)})
+    assert report.status == "PASS" and report.suites[0].gate is not None
+    _write(tmp_path, "gsm8k", "candidate", [0.0] * 12 + [1.0] * 13 + [0.0] * 5)
+    status, why = SPEC.restatus(report, tmp_path)
+    assert status == "FAIL" and why.startswith("gsm8k: regression: 12 lost vs 0 gained of 30")
+    problems = SPEC.recompute(report, tmp_path)
+    assert any(p.startswith("gsm8k: gate losses recomputes to 12, report says 0")
+               for p in problems)
+    assert "gsm8k: samples give FAIL, report says PASS (pass)" in problems
+
+
+def test_the_suite_file_must_declare_its_a_a_flip_rate(tmp_path) -> None:
+    text = Path(DEMO["gsm8k"]).read_text().replace("aa_flip_rate: 0.1, ", "")
+    path = tmp_path / "suite.yaml"
+    path.write_text(text)
+    with pytest.raises(SuiteError) as err:
+        load_suite(path)
+    assert err.value.one_line() == f"suite file {path}: missing field 'pass_rule.aa_flip_rate'"
+
+
+def test_every_shipped_suite_declares_its_design() -> None:
+    for path in SUITES_DIR.rglob("*.yaml"):
+        rule = load_suite(path).pass_rule
+        assert 0 < rule.alpha <= 0.05 and rule.power == 0.8 and rule.aa_flip_rate > 0, path
+        assert rule.chance == (0.25 if "gpqa" in path.name else 0.0), path
+
+
+def test_the_summary_shows_chance_discordant_counts_and_the_detectable_drop(tmp_path) -> None:
+    report = _tier(tmp_path, {"gsm8k": ([1.0] * 25 + [0.0] * 5, [1.0] * 22 + [0.0] * 8),
+                              "gpqa_diamond": ([1.0] * 4 + [0.0] * 6,) * 2})
+    text = "\n".join(evals_table(json.loads(report.model_dump_json())))
+    header = text.splitlines()[0]
+    for col in ("lost / gained", "regression p / Holm", "min. detectable drop", "chance"):
+        assert col in header
+    gsm = next(line for line in text.splitlines() if line.startswith("| gsm8k"))
+    gate = report.suites[0].gate
+    assert gate is not None and gate.mdd is not None and gate.planned_mdd is not None
+    assert "| 3 / 0 |" in gsm and f"{gate.mdd:.3g} at 80% power" in gsm
+    assert "| 0.25; above it: p=0.224 |" in text and "INCONCLUSIVE" in text
