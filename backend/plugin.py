@@ -105,6 +105,15 @@ def _current_vllm_config() -> Any | None:
     return getter() if callable(getter) else None
 
 
+def _install_cpu_test_support() -> None:
+    """With ``K3FT_VLLM_CPU_SUPPORT=1`` (the tiny-K3 CPU profile only): the CPU versions of
+    vLLM K3's CUDA/Triton-only ops (``backend.vllm_cpu_support``, test support)."""
+    from backend import vllm_cpu_support
+
+    if vllm_cpu_support.enabled():
+        vllm_cpu_support.install()
+
+
 def register() -> None:
     """Entry point called by vLLM in each process; a second call does nothing."""
     global _REGISTERED
@@ -112,6 +121,7 @@ def register() -> None:
         return
     _REGISTERED = True
     _write_marker()
+    _install_cpu_test_support()
     config = _current_vllm_config()
     if config is not None and switch_on(config):
         startup(config)

@@ -199,7 +199,10 @@ class _Extraction:
         if name <= self.last:
             return f"entry {info.name!r} is out of order"
         self.last = name
-        expected = packed_header(info.name, is_dir=info.isdir(), size=info.size, mtime=self.mtime)
+        # the packer writes folders with size 0: a folder that declares data is a header some
+        # readers skip data after and others do not
+        expected = packed_header(info.name, is_dir=info.isdir(),
+                                 size=0 if info.isdir() else info.size, mtime=self.mtime)
         if header.raw != expected:
             return f"the header of entry {info.name!r} differs from the one k3ft writes"
         if info.isdir():

@@ -107,6 +107,8 @@ class TarStream:
 
     def read(self, n: int) -> bytes:
         """Exactly ``n`` tar bytes (``Truncated`` when the stream has fewer)."""
+        if n < 0:
+            raise ArchiveLayoutError(f"{self.label}: a header declares a negative size")
         parts = bytearray()
         while len(parts) < n:
             parts += self._take(n - len(parts))
@@ -114,6 +116,8 @@ class TarStream:
 
     def copy(self, n: int, dst: BinaryIO | None) -> None:
         """Write the next ``n`` tar bytes to ``dst`` (or drop them when ``dst`` is None)."""
+        if n < 0:
+            raise ArchiveLayoutError(f"{self.label}: a header declares a negative size")
         left = n
         while left:
             view = self._take(left)
@@ -221,10 +225,10 @@ def _apply(info: tarfile.TarInfo, raw: bytes, records: dict[str, str],
     if "linkpath" in records:
         info.linkname = records["linkpath"]
     if "size" in records:
-        try:
-            info.size = int(records["size"])
-        except ValueError:
-            raise ArchiveLayoutError(f"PAX size {records['size']!r} is not a number") from None
+        if not records["size"].isascii() or not records["size"].isdigit():
+            raise ArchiveLayoutError(
+                f"PAX size {records['size']!r} is not a non-negative decimal number")
+        info.size = int(records["size"])
     unknown = sorted(set(records) - {"path", "size"})
     if unknown and problem is None:
         problem = f"PAX records the packer never writes ({', '.join(unknown)})"
