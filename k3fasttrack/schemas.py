@@ -1,4 +1,5 @@
-"""JSON Schemas of the artefacts, generated into ``schemas/`` (a test fails when they drift).
+"""JSON Schemas of the artefacts and of every command's ``--json`` output, generated into
+``schemas/`` (a test fails when they drift).
 
 Regenerate with ``python -m k3fasttrack.schemas``.
 """
@@ -32,18 +33,32 @@ def schema_of(obj: Any) -> dict[str, Any]:
     return TypeAdapter(obj).json_schema(mode="serialization")
 
 
+def _text(schema: dict[str, Any]) -> str:
+    return json.dumps(schema, indent=1, sort_keys=True) + "\n"
+
+
+def cli_schemas() -> dict[str, dict[str, Any]]:
+    """File name -> schema of each command's ``--json`` output (envelope and result)."""
+    from k3fasttrack.cli.envelope import RESULTS, envelope_model
+
+    return {f"cli-{command}.schema.json": schema_of(envelope_model(command))
+            for command in RESULTS}
+
+
 def render_all() -> dict[str, str]:
-    """File name -> schema text for every artefact."""
-    return {f"{name}.schema.json": json.dumps(schema_of(obj), indent=1, sort_keys=True) + "\n"
-            for name, obj in ARTEFACTS.items()}
+    """File name -> schema text for every artefact and every command's ``--json`` output."""
+    out = {f"{name}.schema.json": _text(schema_of(obj)) for name, obj in ARTEFACTS.items()}
+    out.update({name: _text(schema) for name, schema in cli_schemas().items()})
+    return out
 
 
 def main() -> None:
     """Write every schema into ``schemas/``."""
     SCHEMA_DIR.mkdir(exist_ok=True)
-    for name, text in render_all().items():
+    rendered = render_all()
+    for name, text in rendered.items():
         (SCHEMA_DIR / name).write_text(text)
-    print(f"wrote {len(ARTEFACTS)} schemas to {SCHEMA_DIR}", file=sys.stderr)
+    print(f"wrote {len(rendered)} schemas to {SCHEMA_DIR}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,11 @@ from pathlib import Path
 
 from k3fasttrack.bundle import KeyFiles, generate_key, sign_bundle
 from k3fasttrack.models.kernels import KernelCase, KernelsReport
+from k3fasttrack.models.plan import Plan
 from k3fasttrack.models.reports import RunRecord
 from k3fasttrack.pipeline.atomic import write_json_atomic
 
-PROFILE = "cpu-demo"
+PROFILE = "test-kernels"  # not a shipped profile: a shipped name binds its planned tiers
 GIT_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
@@ -53,6 +54,8 @@ def write_evidence(bundle: Path, *, variant: str = "a", passed_claim: int | None
     run = RunRecord(profile=PROFILE, tp=1, command=("k3ft", "validate"),
                     reports=("reports/kernels.json",))
     write_json_atomic(bundle / "run.json", run.model_dump(mode="json"))
+    plan = Plan(profile=PROFILE, tp=1, tiers=("kernels",), cells=(), command=("k3ft", "validate"))
+    write_json_atomic(bundle / "plan.json", plan.model_dump(mode="json"))
 
 
 def make_bundle(bundle: Path, key: KeyFiles, *, variant: str = "a",

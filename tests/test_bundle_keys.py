@@ -235,18 +235,21 @@ def test_verify_command_exit_codes(tmp_path, app):
 
     ok = runner.invoke(app, ["verify", str(bundle), "--allowed-signers", str(policy), "--json"])
     assert ok.exit_code == 0, ok.stderr
-    assert json.loads(ok.stdout)["principal"] == "a@b"
-    assert ok.stderr.startswith("k3ft verify: OK") and len(ok.stderr.splitlines()) == 1
+    assert json.loads(ok.stdout)["result"]["principal"] == "a@b"
+    assert ok.stderr == ""
+    text = runner.invoke(app, ["verify", str(bundle), "--allowed-signers", str(policy)])
+    assert text.stdout.startswith("OK: ") and len(text.stdout.splitlines()) == 1
 
     (bundle / "run.json").write_text((bundle / "run.json").read_text() + " ")
     bad = runner.invoke(app, ["verify", str(bundle), "--allowed-signers", str(policy)])
     assert bad.exit_code == 1 and bad.stdout == ""
-    assert bad.stderr == bad.stderr.strip() + "\n" and "[ModifiedFileError]" in bad.stderr
+    assert bad.stderr == bad.stderr.strip() + "\n"
+    assert bad.stderr.startswith("k3ft: error: bundle does not verify: ")
 
     (tmp_path / "cut.tar.gz").write_bytes(b"\x1f\x8b\x08\x00")
     cut = runner.invoke(app, ["verify", str(tmp_path / "cut.tar.gz"),
                               "--allowed-signers", str(policy), "--json"])
-    assert cut.exit_code == 2 and json.loads(cut.stdout)["error"] == "BundleFormatError"
+    assert cut.exit_code == 2 and json.loads(cut.stdout)["error"]["kind"] == "usage"
     assert len(cut.stderr.splitlines()) == 1
 
     usage = runner.invoke(app, ["verify", str(bundle)])
@@ -257,7 +260,7 @@ def test_keygen_default_path_and_principal(tmp_path, app):
     result = CliRunner().invoke(app, ["keygen", "--json"],
                                 env={"XDG_CONFIG_HOME": str(tmp_path / "cfg")})
     assert result.exit_code == 0, result.stderr
-    info = json.loads(result.stdout)
+    info = json.loads(result.stdout)["result"]
     assert info["private_key"] == str(tmp_path / "cfg" / "k3ft" / "k3ft_ed25519")
     assert "@" in info["allowed_signers_line"].split()[0]
     assert info["fingerprint"].startswith("SHA256:")
@@ -272,10 +275,10 @@ def test_verify_command_revoked_option(tmp_path, app, signer):
             "--revoked", str(revoked)]
     refused = CliRunner().invoke(app, args)
     assert refused.exit_code == 1 and len(refused.stderr.splitlines()) == 1
-    assert refused.stderr.startswith("verify failed [UntrustedSignerError]: ")
+    assert refused.stderr.startswith("k3ft: error: bundle does not verify: ")
     assert "the key is revoked" in refused.stderr
     subprocess.run([SSH_KEYGEN, "-q", "-k", "-f", str(revoked), str(signer.public)], check=True,
                    capture_output=True)
     krl = CliRunner().invoke(app, args)
     assert krl.exit_code == 2 and len(krl.stderr.splitlines()) == 1
-    assert krl.stderr.startswith("error [SigningKeyError]: ") and "binary OpenSSH KRL" in krl.stderr
+    assert krl.stderr.startswith("k3ft: error: ") and "binary OpenSSH KRL" in krl.stderr

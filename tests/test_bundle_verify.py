@@ -86,7 +86,7 @@ def test_genuine_bundle_verifies_as_folder_and_archive(tmp_path, signer, genuine
         assert result.profile == PROFILE and result.verdict == "FAIL"
         assert result.git_commit == GIT_COMMIT
         assert [f.path for f in result.manifest.files] == [
-            "kernels/cases.jsonl", "reports/kernels.json", "run.json"]
+            "kernels/cases.jsonl", "plan.json", "reports/kernels.json", "run.json"]
     assert folder.root_digest == packed.root_digest
 
 

@@ -37,7 +37,7 @@ def demo(tmp_path_factory) -> tuple[Path, dict, subprocess.CompletedProcess]:
 def test_demo_runs_every_built_tier_and_signs(demo) -> None:
     tmp, env, proc = demo
     assert proc.returncode in (0, 1, 4), proc.stderr[-3000:]
-    result = json.loads(proc.stdout)
+    result = json.loads(proc.stdout)["result"]
     tiers = {t["tier"]: t for t in result["tiers"]}
     assert set(tiers) == {"isolation", "evals", "features", "perf", "proof"}
     assert tiers["isolation"]["status"] == "NOT_RUN"  # no --repo/--base given
@@ -89,14 +89,14 @@ def test_diff_of_two_demo_bundles_reports_per_point_changes(demo) -> None:
     proc = subprocess.run([sys.executable, "-m", "k3fasttrack", "diff", str(old), str(bundle),
                            "--json"], env=env, capture_output=True, text=True)
     assert proc.returncode in (0, 1), proc.stderr
-    diff = json.loads(proc.stdout)
+    diff = json.loads(proc.stdout)["result"]
     text = json.dumps(diff)
     for point in ("b1-in64", "b1-in256", "b4-in64", "b4-in256"):
         assert point in text
     assert (proc.returncode == 1) == bool(diff["regressions"])
     same = subprocess.run([sys.executable, "-m", "k3fasttrack", "diff", str(bundle),
                            str(bundle), "--json"], env=env, capture_output=True, text=True)
-    assert same.returncode == 0 and json.loads(same.stdout)["regressions"] == []
+    assert same.returncode == 0 and json.loads(same.stdout)["result"]["regressions"] == []
 
 
 def _tiny_profile(tmp: Path) -> Path:
@@ -139,7 +139,7 @@ def test_candidate_killed_mid_suite_then_resume_completes(tmp_path) -> None:
         assert (out / "bundle/cells" / name).exists()
     resumed = subprocess.run(cmd + ["--resume", "--json"], env=env, cwd=ROOT,
                              capture_output=True, text=True, timeout=900)
-    result = json.loads(resumed.stdout)
+    result = json.loads(resumed.stdout)["result"]
     tiers = {t["tier"]: t["status"] for t in result["tiers"]}
     assert tiers["evals"] in ("PASS", "FAIL"), resumed.stderr[-2000:]
     assert (out / "bundle/cells/evals-gsm8k-candidate.json").exists()

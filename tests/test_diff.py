@@ -161,7 +161,7 @@ def test_ten_percent_candidate_slowdown_is_a_regression_with_exit_1(tmp_path: Pa
     assert code == 1
     assert "regressed" in out and "4 regression(s)" in err
     code, out, _ = _cli(str(old), str(new), "--json")
-    data = json.loads(out)
+    data = json.loads(out)["result"]
     assert code == 1 and len(data["regressions"]) == 4 and data["kind"] == "k3ft-diff"
 
 

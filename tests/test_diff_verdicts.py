@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from evidence_history import archived_bundle
 from bundle_support import kernel_cases, make_key
 from test_diff import POINTS, _cli, _environment, _perf_report, write_bundle
 
@@ -144,24 +145,9 @@ def test_unrecorded_perf_configuration_is_said_not_recorded(tmp_path: Path) -> N
         "not recorded in old (only its digest): the differing fields cannot be shown",)
 
 
-EVIDENCE_COMMIT = "2a7b37f"  # the last commit holding every earlier H200 bundle in bundles/
-
-
-def _from_history(rel: str, dest: Path) -> Path:
-    """A bundle archive as committed at EVIDENCE_COMMIT (older bundles left the tree)."""
-    import subprocess
-
-    blob = subprocess.run(["git", "-C", str(ROOT), "show", f"{EVIDENCE_COMMIT}:{rel}"],
-                          capture_output=True, check=False)
-    if blob.returncode != 0:
-        pytest.skip(f"this clone lacks commit {EVIDENCE_COMMIT} (shallow history)")
-    dest.write_bytes(blob.stdout)
-    return dest
-
-
 def test_committed_h200_bundles_s13_s14_show_the_verdict_and_do_not_pass(tmp_path: Path) -> None:
-    old = _from_history("bundles/h200-executor-s13-2026-11-30/bundle.tar.gz", tmp_path / "s13.tgz")
-    new = _from_history("bundles/h200-executor-s14-2026-12-01/bundle.tar.gz", tmp_path / "s14.tgz")
+    old = archived_bundle("h200-executor-s13-2026-11-30", tmp_path / "s13.tar.gz")
+    new = archived_bundle("h200-executor-s14-2026-12-01", tmp_path / "s14.tar.gz")
     code, out, err = _cli(str(old), str(new))
     assert code == 4, err
     assert "| verdict | FAIL | INCOMPLETE **changed** |" in out
@@ -204,14 +190,14 @@ def test_diff_verifies_both_bundles_first_when_given_allowed_signers(tmp_path: P
     signers = str(key.allowed_signers)
     code, out, err = _cli(str(old), str(new), "--allowed-signers", signers, "--json")
     assert code == 0, err
-    assert json.loads(out)["verification"].startswith(f"verified against {signers}")
+    assert json.loads(out)["result"]["verification"].startswith(f"verified against {signers}")
     _fake_twice_as_fast(new)
     with pytest.raises(UnverifiedBundle, match=r"^new bundle .* does not verify"):
         diff_bundles(old, new, allowed_signers=key.allowed_signers)
     code, out, err = _cli(str(old), str(new), "--allowed-signers", signers)
     assert code == 1 and out == ""
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    assert err.startswith("diff refused: new bundle")
+    assert err.startswith("k3ft: error: diff refused: new bundle")
 
 
 def test_diff_without_allowed_signers_says_unverified_first(tmp_path: Path) -> None:
@@ -223,6 +209,6 @@ def test_diff_without_allowed_signers_says_unverified_first(tmp_path: Path) -> N
     assert out.splitlines()[0].startswith("**UNVERIFIED**")
     assert "UNVERIFIED" in err
     code, out, _ = _cli(str(old), str(new), "--json")
-    data = json.loads(out)
+    data = json.loads(out)["result"]
     assert data["verification"] == UNVERIFIED
     assert list(data)[:3] == ["schema_version", "kind", "verification"]

@@ -110,7 +110,7 @@ def _validate(tmp: Path, harness: str) -> tuple[subprocess.CompletedProcess, Pat
 def test_harness_evidence_decides_the_proof(tmp_path: Path, harness: str, proof: str,
                                             stock: list[str]) -> None:
     proc, out = _validate(tmp_path, harness)
-    result = json.loads(proc.stdout)
+    result = json.loads(proc.stdout)["result"]
     tiers = {t["tier"]: t for t in result["tiers"]}
     assert tiers["perf"]["status"] == "PASS", tiers["perf"]
     assert tiers["proof"]["status"] == proof, tiers["proof"]

@@ -202,7 +202,8 @@ def test_touch_point_may_not_be_deleted(k3_repo: GitRepo) -> None:
 
 
 def test_shared_component_needs_review(k3_repo: GitRepo) -> None:
-    """A sampler edit is a shared-component touch: visible, needs review, not a failure."""
+    """A sampler edit is a shared-component touch: visible, needs review, not a failure, and
+    not a pass either: the tier is INCOMPLETE so a gate on the verdict stops."""
     k3_repo.write("vllm/v1/sample/sampler.py", "def sample():\n    return 1\n")
     k3_repo.commit("head")
     report = run(k3_repo)
@@ -210,7 +211,7 @@ def test_shared_component_needs_review(k3_repo: GitRepo) -> None:
     assert change.cls == "shared_component" and change.component == "sampling"
     check = next(c for c in report.checks if c.name == "shared_components")
     assert check.outcome == "needs_review" and "sampling (1 path(s))" in check.reason
-    assert report.status == "PASS"
+    assert report.status == "INCOMPLETE" and "needs core review" in report.reason
 
 
 def test_merge_base_excludes_upstream_work(k3_repo: GitRepo) -> None:

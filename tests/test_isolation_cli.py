@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import pytest
@@ -52,12 +54,12 @@ def test_json_alone_on_stdout_and_exit_codes(k3_repo: GitRepo, tmp_path: Path) -
     prof = str(write_profile(tmp_path))
     code, out, _ = cli("--repo", str(k3_repo.root), "--base", "base", "--profile", prof, "--json")
     assert code == EXIT_PASS
-    report = IsolationReport.model_validate_json(out)
+    report = IsolationReport.model_validate(json.loads(out)["result"])
     assert report.counts.in_scope == 1 and report.status == "PASS"
     k3_repo.write("vllm/config/model.py", "changed\n")
     k3_repo.commit("dirty")
     code, out, _ = cli("--repo", str(k3_repo.root), "--base", "base", "--profile", prof, "--json")
-    assert code == EXIT_FAIL and IsolationReport.model_validate_json(out).counts.out_of_scope == 1
+    assert code == EXIT_FAIL and IsolationReport.model_validate(json.loads(out)["result"]).counts.out_of_scope == 1
 
 
 def test_table_and_in_scope_option(k3_repo: GitRepo) -> None:
@@ -82,7 +84,7 @@ def test_no_scope_is_a_usage_error(k3_repo: GitRepo, tmp_path: Path) -> None:
     k3_repo.commit("head")
     code, out, err = cli("--repo", str(k3_repo.root), "--base", "base")
     assert (code, out) == (EXIT_USAGE, "")
-    assert err.strip().splitlines() == [f"k3ft isolation: {NO_SCOPE}"]
+    assert err.strip().splitlines() == [f"k3ft: error: {NO_SCOPE}"]
     prof = str(write_profile(tmp_path, in_scope=[]))
     code, out, err = cli("--repo", str(k3_repo.root), "--base", "base", "--profile", prof)
     assert (code, out) == (EXIT_USAGE, "") and len(err.strip().splitlines()) == 1
@@ -100,7 +102,7 @@ def test_shared_component_needs_review_and_strict_fails(k3_repo: GitRepo, tmp_pa
     code, out, _ = cli(*args)
     assert code == EXIT_PASS
     lines = out.splitlines()
-    assert lines[-1].startswith("NEEDS REVIEW: 2 changed path(s)")
+    assert lines[-1].startswith("NEEDS REVIEW: needs core review (shared_components); 2 changed")
     review = next(line for line in lines if line.startswith("check shared_components:"))
     assert "needs_review" in review
     assert "sampling (1 path(s)): vllm/v1/sample/sampler.py (modified +1 -1)" in review
@@ -108,7 +110,8 @@ def test_shared_component_needs_review_and_strict_fails(k3_repo: GitRepo, tmp_pa
     code, out, _ = cli(*args, "--strict")
     assert code == EXIT_FAIL and out.splitlines()[-1].startswith("NEEDS REVIEW:")
     code, out, _ = cli(*args, "--strict", "--json")
-    assert code == EXIT_FAIL and IsolationReport.model_validate_json(out).status == "PASS"
+    status = IsolationReport.model_validate(json.loads(out)["result"]).status
+    assert code == EXIT_FAIL and status == "INCOMPLETE"
     k3_repo.git("reset", "-q", "--hard", "base")
     k3_repo.write("vllm/models/kimi_k3/a.py", "a\n")
     k3_repo.commit("clean")
@@ -165,7 +168,7 @@ def test_profile_selection_trace_adds_runtime(k3_repo: GitRepo, tmp_path: Path) 
     )
     prof = str(write_profile(tmp_path, selection_trace=str(trace)))
     code, out, _ = cli("--repo", str(k3_repo.root), "--base", "base", "--profile", prof, "--json")
-    report = IsolationReport.model_validate_json(out)
+    report = IsolationReport.model_validate(json.loads(out)["result"])
     assert code == EXIT_FAIL and report.runtime is not None
     assert report.runtime.prefill_mixed_specialized == 1
     trace.write_text("not json\n")

@@ -54,7 +54,7 @@ def test_not_a_repository(tmp_path: Path) -> None:
         assert isinstance(info.value, UsageError) and info.value.exit_code == EXIT_USAGE
     code, out, err = cli("--repo", str(plain), "--base", "main")
     assert code == EXIT_USAGE and out == ""
-    assert err.strip().splitlines() == [f"k3ft isolation: not a git repository: {plain}"]
+    assert err.strip().splitlines() == [f"k3ft: error: not a git repository: {plain}"]
 
 
 def test_unknown_revision(k3_repo: GitRepo) -> None:
@@ -67,7 +67,7 @@ def test_unknown_revision(k3_repo: GitRepo) -> None:
         classify(k3_repo.root, "--output=/tmp/x", "HEAD", K3_SCOPE)
     code, _, err = cli("--repo", str(k3_repo.root), "--base", "nope")
     assert code == EXIT_USAGE and "Traceback" not in err
-    assert err.strip() == f"k3ft isolation: unknown base revision 'nope' in {k3_repo.root}"
+    assert err.strip() == f"k3ft: error: unknown base revision 'nope' in {k3_repo.root}"
 
 
 def test_shallow_clone_missing_the_base(k3_repo: GitRepo, tmp_path: Path) -> None:

@@ -133,7 +133,8 @@ def test_run_static_and_runtime(k3_repo: GitRepo, tmp_path: Path) -> None:
     report = SPEC.run(ctx)
     assert isinstance(report, IsolationReport)
     assert (
-        report.status == "PASS"
+        report.status == "INCOMPLETE"  # the shared sampler needs core review
+        and "needs core review" in report.reason
         and report.counts.in_scope == 1
         and report.counts.shared_component == 1
     )

@@ -235,3 +235,17 @@ def test_backend_harness_refuses_steps_it_cannot_run(tmp_path: Path) -> None:
     over = PARAMS.model_copy(update={"acceptance_len": 4.5})
     with pytest.raises(UsageError, match="acceptance length 4.5 > q = 4"):
         next(iter(run_points(point.model_copy(update={"params": over}))))
+
+
+def test_a_stored_same_path_check_without_its_evidence_is_a_mismatch(tmp_path: Path) -> None:
+    """Deleting perf/same_path.jsonl must not leave a stored same-path PASS standing."""
+    from k3fasttrack.models.base import Check
+    from k3fasttrack.models.perf import PerfReport
+    from k3fasttrack.tiers.perf import recompute
+
+    report = PerfReport(status="PASS", reason="x", checks=(
+        Check(name="same_path_output_lengths", outcome="pass", reason="equal"),
+        Check(name="same_path_greedy_outputs", outcome="pass", reason="equal"),
+    ))
+    problems = recompute(report, tmp_path)
+    assert len([p for p in problems if "same_path.jsonl" in p and "not in the bundle" in p]) == 2

@@ -44,7 +44,7 @@ def signed_bundle(tmp_path_factory) -> tuple[Path, Path, dict, str]:
     ver = subprocess.run([sys.executable, "-m", "k3fasttrack", "verify", str(bundle),
                           "--allowed-signers", str(signers), "--json"], env=env,
                          capture_output=True, text=True)
-    head = json.loads(ver.stdout)["git_commit"]
+    head = json.loads(ver.stdout)["result"]["git_commit"]
     assert head, "the bundle names the commit it ran"
     return bundle, signers, env, head
 
@@ -63,11 +63,11 @@ def test_first_run_creates_second_edits_and_others_left_alone(signed_bundle, gh)
                     for i in range(1, 4)]
     first = comment(bundle, signers, env, gh, head=head)
     assert first.returncode == 0, first.stderr
-    assert "created comment" in first.stderr
+    assert first.stdout.startswith("created comment ")  # the result: stdout
     assert len(gh.bot_comments()) == 1
     second = comment(bundle, signers, env, gh, head=head)
     assert second.returncode == 0, second.stderr
-    assert "updated comment" in second.stderr
+    assert second.stdout.startswith("updated comment ")
     assert len(gh.bot_comments()) == 1
     assert [c["body"] for c in gh.comments[:3]] == [f"{MARKER}\nfake {i}" for i in range(1, 4)]
     assert any("page=2" in path for _, path, _ in gh.requests)  # pagination was followed

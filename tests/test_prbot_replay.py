@@ -216,3 +216,22 @@ def test_hostile_text_in_a_verified_summary_is_posted_inert(tmp_path, app, gh, s
     body = _posted(gh)
     assert "| kernels |" in body and "onerror" in body
     assert_inert(body)
+
+
+def test_hostile_text_in_every_table_field_is_inert() -> None:
+    """GPU names, agentic metric names, the interactivity formula and plot paths come from the
+    bundle: none of them may post a mention, HTML or an image."""
+    from k3fasttrack.summary.tables import RENDERERS
+
+    hostile = "@org/team <img src=x onerror=alert(1)> ![x](http://evil/a.png) `tick`"
+    kernels = RENDERERS["kernels"]({"gpu": hostile, "cases": [], "checks": []})
+    perf = RENDERERS["perf"]({
+        "points": [], "interactivity_formula": hostile, "plots": [hostile],
+        "agentic": [{"name": hostile, "metrics": [{"metric": hostile, "unit": hostile,
+                                                   "comparison": {"old": {"median": 1.0},
+                                                                  "new": {"median": 1.0},
+                                                                  "verdict": hostile,
+                                                                  "p_value": 0.5}}]}]})
+    text = "\n".join([*kernels, *perf])
+    assert hostile.split()[0] not in text  # "@org/team" is broken by a joiner
+    assert "<img" not in text and "![x](" not in text and "http://evil" not in text

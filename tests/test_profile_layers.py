@@ -1,4 +1,4 @@
-"""benchmarks/profile_layers.py on the committed H200 executor bundle: the candidate's profiler
+"""benchmarks/profile_layers.py on an H200 executor bundle (from the git history): the candidate's profiler
 trace of one replayed step cuts into the executor's layers, with the kernels the design names."""
 
 from __future__ import annotations
@@ -8,7 +8,13 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BUNDLE = ROOT / "bundles/h200-executor-perf-2026-11-29/bundle.tar.gz"
+PERF_BUNDLE = "h200-executor-perf-2026-11-29"
+
+
+def _bundle(name: str, tmp_path: Path) -> Path:
+    from evidence_history import archived_bundle
+
+    return archived_bundle(name, tmp_path / f"{name}.tar.gz")
 
 
 def _module():
@@ -19,9 +25,9 @@ def _module():
     return mod
 
 
-def test_candidate_steps_cut_into_the_designed_layers() -> None:
+def test_candidate_steps_cut_into_the_designed_layers(tmp_path: Path) -> None:
     mod = _module()
-    rows = mod.rows(BUNDLE)
+    rows = mod.rows(_bundle(PERF_BUNDLE, tmp_path))
     cand = [r for r in rows if r["side"] == "candidate"]
     assert len(cand) == 12 and all(r["kernels"] == 62 for r in cand)
     assert all(r["layer1 KDA + MoE"]["kernels"] == 11 for r in cand)
@@ -32,13 +38,13 @@ def test_candidate_steps_cut_into_the_designed_layers() -> None:
     assert 0 < layer["of_roofline"] < 1
 
 
-def test_the_kda_moe_layer_runs_our_kernels_in_order() -> None:
+def test_the_kda_moe_layer_runs_our_kernels_in_order(tmp_path: Path) -> None:
     import json
     import tarfile
 
     mod = _module()
     name = "decode-rand-tp1-d0-acc1-b1-in1024-out16/profile-candidate.json"
-    with tarfile.open(BUNDLE) as tar:
+    with tarfile.open(_bundle(PERF_BUNDLE, tmp_path)) as tar:
         member = next(m for m in tar.getmembers() if m.name.endswith(name))
         ks = mod._kernels(json.load(tar.extractfile(member)))
     short = [re.sub(r"^kernel_cutlass_|_kernel_ptr.*$", "", n) for n, _ in ks[9:20]]
@@ -46,13 +52,13 @@ def test_the_kda_moe_layer_runs_our_kernels_in_order() -> None:
                      "moe_w13", "moe_w2", "rms_glu_prep", "gemv"]
 
 
-def test_layer_span_counts_overlap_once_and_gaps() -> None:
+def test_layer_span_counts_overlap_once_and_gaps(tmp_path: Path) -> None:
     """The headline time of a layer is its span in the replayed step (first kernel start to the
     next layer's first kernel start): one-stream layers at 1 token have span ~ kernel sum; at 8
-    tokens the router runs on a side stream beside the front GEMV (session 11 bundle), so the
+    tokens the router runs on a side stream beside the front GEMV (the 2026-11-30 s11 bundle), so the
     span is well below the kernel sum, which counts both; the roofline fraction uses the span."""
     mod = _module()
-    rows = mod.rows(ROOT / "bundles/h200-executor-s11-2026-11-30/bundle.tar.gz")
+    rows = mod.rows(_bundle("h200-executor-s11-2026-11-30", tmp_path))
     cand = {r["point"]: r for r in rows if r["side"] == "candidate"}
     b1 = cand["decode-rand-tp1-d0-acc1-b1-in1024-out16"]["layer3 MLA + MoE"]
     assert abs(b1["span_us"] - b1["us"]) < 1.5 and 105 < b1["span_us"] < 110

@@ -48,7 +48,9 @@ def test_validate_writes_signed_incomplete_bundle(tmp_path, env, profile) -> Non
     out = tmp_path / "run"
     proc = k3ft("validate", "--profile", str(profile), "--out", str(out), "--json", env=env)
     assert proc.returncode == 4, proc.stderr
-    result = json.loads(proc.stdout)  # --json: the result alone on stdout
+    doc = json.loads(proc.stdout)  # --json: the envelope alone on stdout
+    assert (doc["ok"], doc["exit_code"], doc["error"]) == (False, 4, None)
+    result = doc["result"]
     assert result["verdict"] == "INCOMPLETE"
     tiers = {t["tier"]: t for t in result["tiers"]}
     assert tiers["kernels"]["status"] == "PASS"
@@ -137,7 +139,7 @@ def test_tp16_refuses_with_every_unmet_requirement(env) -> None:
 def test_dry_run_prints_plan(env) -> None:
     proc = k3ft("validate", "--dry-run", "--json", env=env)
     assert proc.returncode == 0
-    plan = json.loads(proc.stdout)
+    plan = json.loads(proc.stdout)["result"]["plan"]
     assert plan["profile"] == "cpu-demo" and plan["tp"] == 1
     assert plan["tiers"] == ["isolation", "evals", "features", "perf", "proof"]
 
@@ -164,7 +166,7 @@ def test_summary_bad_bundle_is_one_line(tmp_path, env, make, expect) -> None:
 def test_no_sign_then_sign_elsewhere(tmp_path, env, profile) -> None:
     out = tmp_path / "run"
     proc = k3ft("validate", "--profile", str(profile), "--out", str(out), "--no-sign", env=env)
-    assert proc.returncode == 4 and "k3ft sign" in proc.stderr
+    assert proc.returncode == 4 and "k3ft sign" in proc.stdout
     assert not (out / "bundle/manifest.json").exists() and not (out / "bundle.tar.gz").exists()
     signed = k3ft("sign", str(out), env=env)
     assert signed.returncode == 0, signed.stderr
@@ -203,7 +205,7 @@ def test_isolation_runs_when_repo_given(tmp_path, env, changed, outcome, code) -
     proc = k3ft("validate", "--profile", str(prof), "--out", str(out), "--repo", str(repo),
                 "--base", "HEAD~1", "--json", env=env)
     assert proc.returncode == code, proc.stderr
-    result = json.loads(proc.stdout)
+    result = json.loads(proc.stdout)["result"]
     assert result["verdict"] == outcome
     iso = json.loads((out / "bundle/reports/isolation.json").read_text())
     assert iso["status"] == outcome

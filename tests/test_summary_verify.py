@@ -72,7 +72,7 @@ def test_tampered_fail_to_pass_is_refused_with_signers(app, made) -> None:
     assert res.exit_code == 1
     assert res.stdout == ""
     assert len(res.stderr.strip().splitlines()) == 1
-    assert "does not verify" in res.stderr and "ModifiedFileError" in res.stderr
+    assert res.stderr.startswith("k3ft: error: bundle does not verify: file modified: ")
 
 
 def test_genuine_bundle_with_signers_is_rendered_verified(app, made) -> None:
@@ -90,7 +90,8 @@ def test_bundle_of_an_untrusted_key_is_refused(app, made, tmp_path) -> None:
     other = make_key(tmp_path / "other", principal="bob@example.org")
     res = _summary(app, str(bundle), "--allowed-signers", str(other.allowed_signers))
     assert res.exit_code == 1 and res.stdout == ""
-    assert "UntrustedSignerError" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert "a key that allowed_signers does not list" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
 
 
 def test_unexpected_failure_while_verifying_is_one_line(app, made, monkeypatch) -> None:
@@ -104,7 +105,8 @@ def test_unexpected_failure_while_verifying_is_one_line(app, made, monkeypatch) 
     monkeypatch.setattr(bundle_verify, "verify_bundle", hostile)
     res = _summary(app, str(bundle), "--allowed-signers", str(signers))
     assert res.exit_code == 1 and res.stdout == ""
-    assert "RecursionError" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert res.stderr.strip() == ("k3ft: error: bundle does not verify: verification failed "
+                                  "unexpectedly: maximum recursion depth exceeded")
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["signed-run", "no-sign-run"])

@@ -23,6 +23,7 @@ import pytest
 from k3fasttrack.bundle import sign_bundle, verify_bundle
 from k3fasttrack.bundle.errors import ReportInvalidError, SummaryMismatchError
 from k3fasttrack.models.kernels import KernelsReport
+from k3fasttrack.models.plan import Plan
 from k3fasttrack.models.reports import TIER_REPORT_ADAPTER, RunRecord
 from k3fasttrack.models.verdict import Verdict
 from k3fasttrack.pipeline.verdict import compute_verdict
@@ -243,6 +244,8 @@ def _bundle_with(tmp_path: Path, report: KernelsReport) -> Path:
     (bundle / "reports/kernels.json").write_text(report.model_dump_json())
     run = RunRecord(profile=PROFILE, tp=1, command=("k3ft",), reports=("reports/kernels.json",))
     (bundle / "run.json").write_text(run.model_dump_json())
+    plan = Plan(profile=PROFILE, tp=1, tiers=("kernels",), cells=(), command=("k3ft",))
+    (bundle / "plan.json").write_text(plan.model_dump_json())
     return bundle
 
 
@@ -329,3 +332,28 @@ def test_generic_rule_keeps_a_tier_that_did_not_run_and_its_reason() -> None:
     ran = not_run("perf", "no grid").model_copy(update={"checks": (
         Check(name="a", outcome="pass", reason="ok"),)})
     assert status_from_checks(ran)[0] == "PASS"  # NOT_RUN with a check that ran: contradiction
+
+
+def test_a_bundle_without_plan_json_fails_verify(tmp_path) -> None:
+    """Deleting plan.json (and a tier's report with it) must not let a bundle pass."""
+    report = summarise([c for c in kernel_cases() if c.passed], 0, None, "2 passed in 0.1s")
+    bundle = _bundle_with(tmp_path, report)
+    (bundle / "plan.json").unlink()
+    signer = make_key(tmp_path / "keys")
+    sign_bundle(bundle, signer.private, profile=PROFILE, verdict="PASS", git_commit=GIT_COMMIT)
+    with pytest.raises(ReportInvalidError, match="no plan.json"):
+        verify_bundle(bundle, signer.allowed_signers)
+
+
+def test_a_run_named_after_a_shipped_profile_must_plan_its_tiers(tmp_path) -> None:
+    """plan.json and run.json say cpu-demo but plan only kernels: not the shipped cpu-demo."""
+    report = summarise([c for c in kernel_cases() if c.passed], 0, None, "2 passed in 0.1s")
+    bundle = _bundle_with(tmp_path, report)
+    run = RunRecord(profile="cpu-demo", tp=1, command=("k3ft",), reports=("reports/kernels.json",))
+    (bundle / "run.json").write_text(run.model_dump_json())
+    plan = Plan(profile="cpu-demo", tp=1, tiers=("kernels",), cells=(), command=("k3ft",))
+    (bundle / "plan.json").write_text(plan.model_dump_json())
+    signer = make_key(tmp_path / "keys")
+    sign_bundle(bundle, signer.private, profile="cpu-demo", verdict="PASS", git_commit=GIT_COMMIT)
+    with pytest.raises(ReportInvalidError, match="shipped profile 'cpu-demo'"):
+        verify_bundle(bundle, signer.allowed_signers)

@@ -64,9 +64,9 @@ def test_same_tree_verifies_and_says_so(tmp_path, app) -> None:
     bundle = _bundle(tmp_path, signer, code)
     ok = _verify(app, bundle, signer, "--code", str(code))
     assert ok.exit_code == 0, ok.output
-    assert f"code at {code} matches (tree sha256 " in ok.stderr
+    assert f"code at {code} matches (tree sha256 " in ok.stdout
     out = _verify(app, bundle, signer, "--code", str(code), "--json")
-    doc = json.loads(out.stdout)
+    doc = json.loads(out.stdout)["result"]
     assert doc["code_matches"] is True and doc["tree_digest"] == git_state(code).tree_digest
 
 
@@ -79,7 +79,8 @@ def test_an_edited_file_is_a_mismatch(tmp_path, app) -> None:
     assert bad.exit_code == 1
     assert "is not the code the bundle ran" in bad.stderr and "Traceback" not in bad.output
     doc = json.loads(_verify(app, bundle, signer, "--code", str(code), "--json").stdout)
-    assert doc == {**doc, "ok": False, "error": "CodeMismatchError"}
+    assert doc["ok"] is False and doc["result"] is None and doc["error"]["kind"] == "evidence"
+    assert "is not the code the bundle ran" in doc["error"]["message"]
     assert _verify(app, bundle, signer).exit_code == 0  # without --code: signatures only
 
 
@@ -95,4 +96,4 @@ def test_bundles_without_a_digest_and_non_repositories_cannot_match(tmp_path, ap
     res = _verify(app, new, signer, "--code", str(plain))
     assert res.exit_code == 1 and "is not a git work tree" in res.stderr
     res = _verify(app, new, signer, "--code", str(tmp_path / "missing"))
-    assert res.exit_code == 1 and "does not exist" in res.stderr
+    assert res.exit_code == 2 and "does not exist" in res.stderr  # a usage error

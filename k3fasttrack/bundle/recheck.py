@@ -88,7 +88,7 @@ def check_plan(root: Path, listed: set[str], run: RunRecord, reports: list[TierR
     if unlisted:
         raise ReportInvalidError(f"{unlisted[0]} is in the bundle but run.json does not list it")
     if PLAN not in listed:
-        return
+        raise ReportInvalidError("bundle has no plan.json: the planned tiers cannot be checked")
     plan = load(root, PLAN, Plan)
     if (plan.profile, plan.tp) != (run.profile, run.tp):
         raise ReportInvalidError(f"plan.json is for {plan.profile} TP{plan.tp}, run.json for "
@@ -106,6 +106,21 @@ def check_plan(root: Path, listed: set[str], run: RunRecord, reports: list[TierR
         if profiled != set(plan.tiers):
             raise ReportInvalidError(f"plan.json plans {', '.join(plan.tiers)}, but profile.json "
                                      f"asks for {', '.join(sorted(profiled))}")
+    _check_embedded_tiers(run.profile, set(plan.tiers))
+
+
+def _check_embedded_tiers(name: str, planned: set[str]) -> None:
+    """A run named after a shipped profile planned that profile's tiers: dropping a tier from
+    plan.json and profile.json together does not make a smaller run pass as the shipped one."""
+    from k3fasttrack.profiles import embedded_names, load_profile
+
+    if name not in embedded_names():
+        return
+    shipped = set(load_profile(name).tiers)
+    if planned != shipped:
+        raise ReportInvalidError(
+            f"the run is named after the shipped profile {name!r}, which plans "
+            f"{', '.join(sorted(shipped))}, but plan.json plans {', '.join(sorted(planned))}")
 
 
 def check_statuses(root: Path, reports: list[TierReport]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -11,7 +10,8 @@ from typing import Annotated
 
 import typer
 
-from k3fasttrack.errors import EXIT_FAIL, UsageError
+from k3fasttrack.cli.output import emit_json, handled
+from k3fasttrack.errors import EXIT_CODES_HELP, EXIT_FAIL, UsageError
 
 _SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
@@ -53,10 +53,14 @@ def comment_command(
     body, verified = rendered.body, rendered.verified
     if rendered.problem:
         typer.echo(f"k3ft comment: bundle rejected: {rendered.problem}", err=True)
+    status = 0 if verified else EXIT_FAIL
     if dry_run:
-        typer.echo(json.dumps({"action": "dry-run", "verified": verified, "body": body})
-                   if as_json else body, nl=not body.endswith("\n") or as_json)
-        raise typer.Exit(0 if verified else EXIT_FAIL)
+        if as_json:
+            emit_json("comment", status, {"action": "dry-run", "verified": verified,
+                                        "comment_id": None, "body": body})
+        else:
+            typer.echo(body, nl=not body.endswith("\n"))
+        raise typer.Exit(status)
     token = os.environ.get("GITHUB_TOKEN")
     if not token:
         raise UsageError("GITHUB_TOKEN is not set (or use --dry-run)")
@@ -65,13 +69,22 @@ def comment_command(
         posted = post(gh, repo, pr, body, bot_login, verified)
     finally:
         gh.close()
+    line = (f"{posted.action} comment {posted.comment_id} on {repo}#{pr}"
+            f"{'' if verified else ' (bundle rejected: posted the rejection)'}")
     if as_json:
-        typer.echo(json.dumps({"action": posted.action, "comment_id": posted.comment_id,
-                               "verified": verified}))
-    typer.echo(f"k3ft comment: {posted.action} comment {posted.comment_id} on {repo}#{pr}"
-               f"{'' if verified else ' (bundle rejected: posted the rejection)'}",
-               err=True)
-    raise typer.Exit(0 if verified else EXIT_FAIL)
+        emit_json("comment", status, {"action": posted.action, "verified": verified,
+                                    "comment_id": posted.comment_id, "body": None})
+        typer.echo(f"k3ft comment: {line}", err=True)
+    else:
+        typer.echo(line)
+    raise typer.Exit(status)
+
+
+COMMENT_EXAMPLES = """\b
+Example:
+  k3ft comment bundle.tar.gz --repo owner/vllm --pr 123 --allowed-signers allowed_signers \\
+      --head-sha "$(git rev-parse HEAD)" --code . --dry-run
+"""
 
 
 def _check_options(repo: str, allowed_signers: Path, head_sha: str, code: Path | None) -> None:
@@ -99,4 +112,5 @@ def _is_work_tree(path: Path) -> bool:
 
 def register(app: typer.Typer) -> None:
     """Mount ``k3ft comment``."""
-    app.command("comment")(comment_command)
+    app.command("comment", epilog=COMMENT_EXAMPLES + EXIT_CODES_HELP)(
+        handled("comment", comment_command))

@@ -7,8 +7,14 @@ from typing import Annotated
 
 import typer
 
+from k3fasttrack.cli.output import emit_json, handled
 from k3fasttrack.errors import (
-    EXIT_FAIL, EXIT_INCOMPLETE, EXIT_PASS, K3ftError, UsageError, VerificationError,
+    EXIT_CODES_HELP,
+    EXIT_FAIL,
+    EXIT_INCOMPLETE,
+    EXIT_PASS,
+    UsageError,
+    VerificationError,
 )
 
 
@@ -63,14 +69,8 @@ def diff_command(
             eval_threshold=_fraction(eval_threshold, "eval-threshold"),
             allowed_signers=allowed_signers,
         )
-    except K3ftError as exc:
-        label = "diff refused" if isinstance(exc, VerificationError) else "error"
-        typer.echo(f"{label}: {exc.one_line()}", err=True)
-        raise typer.Exit(exc.exit_code) from None
-    if as_json:
-        typer.echo(result.model_dump_json(indent=2))
-    else:
-        typer.echo(render_markdown(result), nl=False)
+    except VerificationError as exc:
+        raise VerificationError(f"diff refused: {exc.one_line()}") from None
     n = len(result.regressions)
     if n:
         line, code = f"{n} regression(s) beyond the thresholds", EXIT_FAIL
@@ -78,10 +78,21 @@ def diff_command(
         line, code = "not comparable: " + "; ".join(result.incomplete), EXIT_INCOMPLETE
     else:
         line, code = "no regression beyond the thresholds", EXIT_PASS
+    if as_json:
+        emit_json("diff", code, result.model_dump(mode="json"))
+    else:
+        typer.echo(render_markdown(result), nl=False)
     typer.echo(f"k3ft diff ({result.verification.split(':')[0]}): {line}", err=True)
     raise typer.Exit(code)
 
 
+DIFF_EXAMPLES = """\b
+Examples:
+  k3ft diff old/bundle.tar.gz new/bundle.tar.gz --allowed-signers allowed_signers
+  k3ft diff old/bundle.tar.gz new/bundle.tar.gz --practical 0.05 --json
+"""
+
+
 def register(app: typer.Typer) -> None:
     """Mount ``k3ft diff`` on the main app."""
-    app.command("diff")(diff_command)
+    app.command("diff", epilog=DIFF_EXAMPLES + EXIT_CODES_HELP)(handled("diff", diff_command))

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from k3fasttrack.cli.output import emit_json, handled
 from k3fasttrack.errors import EXIT_CODES_HELP, EXIT_FAIL, EXIT_INCOMPLETE, EXIT_INFRA, EXIT_PASS
-from k3fasttrack.models.evals import EvalsReport
-from k3fasttrack.models.profile import Profile
-from k3fasttrack.pipeline.single import run_single_tier
+
+if TYPE_CHECKING:
+    from k3fasttrack.models.evals import EvalsReport
+    from k3fasttrack.models.profile import Profile
 
 REPORT_PATH = "reports/evals.json"
 
@@ -29,6 +31,9 @@ def run_evals(
     ``services`` may hand in an already started server pair (``{"servers": pair}``); the caller
     then owns it. Otherwise a pair is started and stopped here.
     """
+    from k3fasttrack.models.evals import EvalsReport
+    from k3fasttrack.pipeline.single import run_single_tier
+
     report = run_single_tier("evals", profile, out, tp=tp, resume=resume, options=options,
                              services=services)
     assert isinstance(report, EvalsReport)
@@ -128,10 +133,22 @@ def evals_command(
     }
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in raw.items() if v is not None}
     report = run_evals(prof, out, resume=resume, options=options)
-    typer.echo(report.model_dump_json(indent=1) if json_out else render(report))
-    raise typer.Exit(exit_code(report))
+    code = exit_code(report)
+    if json_out:
+        emit_json("evals", code, report.model_dump(mode="json"))
+    else:
+        typer.echo(render(report))
+    raise typer.Exit(code)
+
+
+EVALS_EXAMPLES = """\b
+Examples:
+  k3ft evals --out runs/evals-only
+  k3ft evals --profile vllm-k3-gb300 --suite gsm8k --baseline-url http://a:8000 \\
+      --candidate-url http://b:8000 --json
+"""
 
 
 def register(app: typer.Typer) -> None:
     """Mount ``k3ft evals``."""
-    app.command("evals", epilog=EXIT_CODES_HELP)(evals_command)
+    app.command("evals", epilog=EVALS_EXAMPLES + EXIT_CODES_HELP)(handled("evals", evals_command))

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from k3fasttrack.errors import EXIT_FAIL, EXIT_PASS, K3ftError, UsageError
-from k3fasttrack.models.isolation import ChangeClass, IsolationConfig, IsolationReport, PathChange
+from k3fasttrack.cli.output import emit_json, handled
+from k3fasttrack.errors import EXIT_FAIL, EXIT_PASS, UsageError
+
+if TYPE_CHECKING:
+    from k3fasttrack.models.isolation import (
+        ChangeClass,
+        IsolationConfig,
+        IsolationReport,
+        PathChange,
+    )
 
 _CLASS_LABEL = {
     "in_scope": "in scope",
@@ -29,6 +36,8 @@ NO_SCOPE = (
 
 def _profile_config(profile: str | None) -> IsolationConfig:
     """The profile's isolation section (profile loading is imported lazily)."""
+    from k3fasttrack.models.isolation import IsolationConfig
+
     if profile is None:
         return IsolationConfig()
     try:
@@ -164,25 +173,27 @@ def isolation(
     component or submodule that needs review; 2 usage or input error (no scope: neither
     --profile nor --in-scope, not a repository, unknown revision, shallow clone missing history).
     """
-    try:
-        config = scope_config(profile, in_scope)
-        trace = selection_trace or (
-            Path(config.selection_trace) if config.selection_trace else None
-        )
-        report = build_report(repo, base, head, config, trace)
-        if report_file is not None:
-            _write_report(report_file, report)
-    except K3ftError as exc:
-        typer.echo(f"k3ft isolation: {exc.one_line()}", err=True)
-        raise typer.Exit(exc.exit_code) from None
+    config = scope_config(profile, in_scope)
+    trace = selection_trace or (Path(config.selection_trace) if config.selection_trace else None)
+    report = build_report(repo, base, head, config, trace)
+    if report_file is not None:
+        _write_report(report_file, report)
+    code = exit_code(report, strict=strict)
     if as_json:
-        sys.stdout.write(report.model_dump_json(indent=1) + "\n")
+        emit_json("isolation", code, report.model_dump(mode="json"))
     else:
         full = f"{report_file}" if report_file is not None else "--json or --report FILE"
         typer.echo(render_table(report, full_list=full))
-    raise typer.Exit(exit_code(report, strict=strict))
+    raise typer.Exit(code)
+
+
+ISOLATION_EXAMPLES = """\b
+Examples:
+  k3ft isolation --repo ../vllm --base origin/main --profile vllm-k3-gb300
+  k3ft isolation --repo . --base HEAD~1 --in-scope 'backend/**' --strict --json
+"""
 
 
 def register(app: typer.Typer) -> None:
     """Mount ``k3ft isolation`` on the main app."""
-    app.command("isolation")(isolation)
+    app.command("isolation", epilog=ISOLATION_EXAMPLES)(handled("isolation", isolation))

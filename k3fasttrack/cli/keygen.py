@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from k3fasttrack.errors import K3ftError
+from k3fasttrack.cli.output import emit_json, handled
+from k3fasttrack.errors import EXIT_CODES_HELP
 
 
 def keygen_command(
@@ -29,23 +29,27 @@ def keygen_command(
     from k3fasttrack.bundle.keys import default_key_path, default_principal, generate_key
 
     path = out if out is not None else default_key_path()
-    try:
-        files = generate_key(path, principal or default_principal(), force=force)
-    except K3ftError as exc:
-        typer.echo(f"error: {exc.one_line()}", err=True)
-        raise typer.Exit(exc.exit_code) from None
+    files = generate_key(path, principal or default_principal(), force=force)
     if as_json:
-        typer.echo(json.dumps({
+        emit_json("keygen", 0, {
             "private_key": str(files.private), "public_key": str(files.public),
             "allowed_signers": str(files.allowed_signers), "fingerprint": files.fingerprint,
             "allowed_signers_line": files.allowed_signers_line,
-        }, indent=2))
+        })
     else:
         typer.echo(files.allowed_signers_line)
     typer.echo(f"k3ft keygen: wrote {files.private} (+ .pub, .allowed_signers), "
                f"key {files.fingerprint}", err=True)
 
 
+KEYGEN_EXAMPLES = """\b
+Examples:
+  k3ft keygen                                   # ~/.config/k3ft/k3ft_ed25519
+  k3ft keygen --out ci_key --principal ci@example.org >> allowed_signers
+"""
+
+
 def register(app: typer.Typer) -> None:
     """Mount ``k3ft keygen`` on the main app."""
-    app.command("keygen")(keygen_command)
+    app.command("keygen", epilog=KEYGEN_EXAMPLES + EXIT_CODES_HELP)(
+        handled("keygen", keygen_command))

@@ -9,7 +9,9 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from k3fasttrack.errors import EXIT_FAIL, BundleFormatError, K3ftError, VerificationError
+from k3fasttrack.cli.output import handled
+
+from k3fasttrack.errors import EXIT_CODES_HELP, BundleFormatError, K3ftError, VerificationError
 
 
 def summary_command(
@@ -63,11 +65,11 @@ def _opened(bundle: Path, allowed_signers: Path | None) -> Iterator[tuple[Path, 
         try:
             root, result = stack.enter_context(open_verified(bundle, allowed_signers))
         except VerificationError as exc:
-            _refuse(f"[{type(exc).__name__}]: {exc.one_line()}")
+            _refuse(exc.one_line())
         except K3ftError:
             raise
         except Exception as exc:  # noqa: BLE001 - an unexpected failure still refuses in one line
-            _refuse(f"[unexpected {type(exc).__name__}]: {_first_line(exc)}")
+            _refuse(f"verification failed unexpectedly: {_first_line(exc) or 'no message'}")
         yield root, (f"Verified against {md_text(allowed_signers.name, 80)}: signed by "
                      f"{md_text(result.principal, 120)} ({md_text(result.fingerprint, 80)}), "
                      f"{len(result.manifest.files)} files match the signed manifest.")
@@ -76,8 +78,7 @@ def _opened(bundle: Path, allowed_signers: Path | None) -> Iterator[tuple[Path, 
 def _refuse(reason: str) -> NoReturn:
     from k3fasttrack.bundle.errors import one_line
 
-    typer.echo(one_line(f"k3ft summary: bundle does not verify {reason}"), err=True)
-    raise typer.Exit(EXIT_FAIL)
+    raise VerificationError(one_line(f"bundle does not verify: {reason}"))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -85,6 +86,14 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:300] if text else ""
 
 
+SUMMARY_EXAMPLES = """\b
+Examples:
+  k3ft summary runs/cpu-demo-tp1-20261129-101500 --allowed-signers allowed_signers
+  k3ft summary bundle.tar.gz --max-chars 20000 > comment.md
+"""
+
+
 def register(app: typer.Typer) -> None:
     """Mount ``k3ft summary``."""
-    app.command("summary")(summary_command)
+    app.command("summary", epilog=SUMMARY_EXAMPLES + EXIT_CODES_HELP)(
+        handled("summary", summary_command))

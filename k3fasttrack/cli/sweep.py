@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from k3fasttrack.errors import EXIT_FAIL, EXIT_INCOMPLETE, EXIT_PASS
-from k3fasttrack.models.perf import PerfReport
-from k3fasttrack.models.profile import Profile
-from k3fasttrack.pipeline.single import run_single_tier
-from k3fasttrack.profiles import load_profile
+from k3fasttrack.cli.output import emit_json, handled
+from k3fasttrack.errors import EXIT_CODES_HELP, EXIT_FAIL, EXIT_INCOMPLETE, EXIT_PASS
+
+if TYPE_CHECKING:
+    from k3fasttrack.models.perf import PerfReport
+    from k3fasttrack.models.profile import Profile
 
 REPORT_PATH = "reports/perf.json"
 
@@ -35,6 +36,9 @@ def run_sweep(
     work_dir: Path | None = None,
 ) -> PerfReport:
     """Plan and run the perf tier alone; writes ``reports/perf.json`` under ``out``."""
+    from k3fasttrack.models.perf import PerfReport
+    from k3fasttrack.pipeline.single import run_single_tier
+
     report = run_single_tier("perf", profile, out, tp=tp, resume=resume, options=options,
                              work_dir=work_dir, progress=_StderrProgress())
     assert isinstance(report, PerfReport)
@@ -49,9 +53,8 @@ def render(report: PerfReport) -> str:
         for name in ("tpot_ms_median", "output_tok_s"):
             m = got.get(name)
             if m is not None and m.speedup is not None:
-                cells.append(
-                    f"{name} x{m.speedup:.3f} ({m.comparison.verdict}, p={m.comparison.p_value:.3g})"
-                )
+                c = m.comparison
+                cells.append(f"{name} x{m.speedup:.3f} ({c.verdict}, p={c.p_value:.3g})")
         flag = "" if p.comparable else " [incomparable]"
         lines.append(f"  {p.point}{flag}: " + "; ".join(cells))
     lines += [f"  check {c.name}: {c.outcome} - {c.reason}" for c in report.checks]
@@ -82,15 +85,27 @@ def sweep_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Run the perf tier only: sweeps, statistics, plots and same-path checks."""
+    from k3fasttrack.profiles import load_profile
+
     options: dict[str, Any] = {"perf_sweep": grid} if grid else {}
     if trace is not None:
         options["perf_agentic_trace"] = str(trace)
     report = run_sweep(load_profile(profile), out, tp=tp, resume=resume, options=options)
-    print(report.model_dump_json(indent=1) if json_out else render(report))
     code = {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(report.status, EXIT_INCOMPLETE)
+    if json_out:
+        emit_json("sweep", code, report.model_dump(mode="json"))
+    else:
+        typer.echo(render(report))
     raise typer.Exit(code)
+
+
+SWEEP_EXAMPLES = """\b
+Examples:
+  k3ft sweep --out runs/perf-only
+  k3ft sweep --grid cpu-demo-random --resume --out runs/perf-only --json
+"""
 
 
 def register(app: typer.Typer) -> None:
     """Mount ``k3ft sweep``."""
-    app.command("sweep")(sweep_command)
+    app.command("sweep", epilog=SWEEP_EXAMPLES + EXIT_CODES_HELP)(handled("sweep", sweep_command))

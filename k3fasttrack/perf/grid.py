@@ -10,10 +10,11 @@ from typing import Annotated
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from k3fasttrack.data import DATA_DIR, resolve_data_file
 from k3fasttrack.errors import UsageError
 from k3fasttrack.models.perf import PointParams, PromptSource, TrafficKind
 
-SWEEPS_DIR = Path(__file__).resolve().parents[2] / "perf_sweeps"
+SWEEPS_DIR = DATA_DIR / "perf_sweeps"
 
 
 class _Closed(BaseModel):
@@ -123,11 +124,11 @@ def point_id(p: PointParams) -> str:
 
 
 def resolve_grid_path(name: str) -> Path:
-    """A grid name under ``perf_sweeps/`` (with or without ``.yaml``) or a path to a file."""
-    candidates = [Path(name), SWEEPS_DIR / name, SWEEPS_DIR / f"{name}.yaml"]
-    for c in candidates:
-        if c.is_file():
-            return c
+    """A path to a grid file, or a grid shipped in the package: ``perf_sweeps/<name>.yaml``,
+    ``<name>.yaml`` or ``<name>`` (any working directory)."""
+    found = resolve_data_file(name, "perf_sweeps")
+    if found is not None:
+        return found
     raise UsageError(f"sweep grid not found: {name}", hint=f"looked in {SWEEPS_DIR}")
 
 

@@ -141,7 +141,8 @@ def _run_tier(tier: TierName, ctx: TierContext, infra: list[str]) -> TierReport:
         return not_run(tier, f"infrastructure failure: {exc.one_line()}", "INCOMPLETE")
     except (KeyboardInterrupt, SystemExit):
         raise
-    except Exception as exc:  # a bug in one tier must not lose the others' evidence
+    except Exception as exc:  # noqa: BLE001 - a bug in one tier must not lose the others'
+        # evidence
         trace = ctx.work_dir / f"{tier}-error.txt"
         trace.write_text(traceback.format_exc())
         return not_run(tier, f"internal error in the {tier} tier: {type(exc).__name__}: "
@@ -186,7 +187,7 @@ def run_validate(opts: ValidateOptions, plan: Plan, env: Environment) -> Validat
             for close in reversed(ctx.closers):
                 try:
                     close()
-                except Exception as exc:  # teardown must not hide the run's own outcome
+                except Exception as exc:  # noqa: BLE001 - teardown must not hide the outcome
                     print(f"k3ft: warning: teardown: {exc}", file=sys.stderr)
     return _finish(opts, plan, bundle, [reports[t] for t in plan.tiers], env, infra)
 

@@ -1,4 +1,5 @@
-"""Profile loading: embedded profiles by name, or a YAML file by path; errors name file, line, field."""
+"""Profile loading: embedded profiles by name, or a YAML file by path; errors name file, line and
+field."""
 
 from __future__ import annotations
 

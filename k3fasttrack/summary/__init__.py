@@ -41,7 +41,7 @@ def tier_detail(report: TierReport) -> Detail:
         try:
             lines += RENDERERS[report.tier](data)
         except (KeyError, TypeError) as exc:  # a table must never hide the report
-            lines += [f"_(table unavailable: {type(exc).__name__} {exc})_", ""]
+            lines += [f"_(table unavailable: {md_text(exc, 200)})_", ""]
     shown = [c for c in report.checks if c.outcome != "pass"]
     if shown:
         lines += ["| check | outcome | reason |", "|---|---|---|"]

@@ -86,12 +86,12 @@ def perf(r: dict[str, Any]) -> list[str]:
     for a in r.get("agentic", []):
         for m in a.get("metrics", []):
             cmp = m["comparison"]
-            out.append(f"- {a['name']} {m['metric']}: {_f(cmp['old']['median'])} -> "
-                       f"{_f(cmp['new']['median'])} {m['unit']} ({cmp['verdict']}, "
+            out.append(f"- {_c(a['name'])} {_c(m['metric'])}: {_f(cmp['old']['median'])} -> "
+                       f"{_f(cmp['new']['median'])} {_c(m['unit'])} ({_c(cmp['verdict'])}, "
                        f"p {_f(cmp['p_value'])})")
     if r.get("interactivity_formula"):
-        out += ["", f"Interactivity: {r['interactivity_formula']}"]
-    out += ["", *[f"Plot: `{p}` (in the bundle)" for p in r.get("plots", [])], ""]
+        out += ["", f"Interactivity: {_c(r['interactivity_formula'])}"]
+    out += ["", *[f"Plot: {_c(p)} (in the bundle)" for p in r.get("plots", [])], ""]
     return out
 
 
@@ -103,7 +103,7 @@ def kernels(r: dict[str, Any]) -> list[str]:
     rows = [[op, len(cs), sum(c["passed"] for c in cs),
              _f(max((c["max_abs_err"] or 0) for c in cs)),
              _f(max((c["max_rel_err"] or 0) for c in cs))] for op, cs in sorted(by_op.items())]
-    out = [f"GPU: {r.get('gpu')}", ""]
+    out = [f"GPU: {_c(r.get('gpu'))}", ""]
     out += _table(["op", "cases", "passed", "worst abs err", "worst rel err"], rows)
     failed = [c for c in r.get("cases", []) if not c["passed"]]
     return out + _table(["failed case", "abs", "rel"],

@@ -2,14 +2,15 @@
 
 Out of scope fails. A shared component or a submodule pointer needs a core maintainer's review:
 the check's outcome is ``needs_review`` and its reason names every component with the paths to
-look at and what happened to each (``k3ft isolation --strict`` makes a gate fail on it).
+look at and what happened to each. Such a change leaves the tier INCOMPLETE (exit 4 from
+``k3ft validate``; ``k3ft isolation --strict`` exits 1): a gate never reads it as a pass.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
-from k3fasttrack.models.base import Check
+from k3fasttrack.models.base import Check, TierStatus
 from k3fasttrack.models.isolation import CHANGE_CLASSES, ClassCounts, PathChange
 
 PATHS_PER_COMPONENT = 5
@@ -87,6 +88,17 @@ def static_checks(changes: tuple[PathChange, ...]) -> tuple[Check, ...]:
             )
         )
     return tuple(checks)
+
+
+def isolation_status(checks: tuple[Check, ...] | list[Check]) -> tuple[TierStatus, str]:
+    """FAIL when a check fails; INCOMPLETE, naming the checks, when one needs a core
+    maintainer's review; else PASS (the reason is empty then: the caller's summary stands)."""
+    if any(c.outcome == "fail" for c in checks):
+        return "FAIL", ""
+    review = [c.name for c in checks if c.outcome == "needs_review"]
+    if review:
+        return "INCOMPLETE", f"needs core review ({', '.join(review)})"
+    return "PASS", ""
 
 
 def summary_line(counts: ClassCounts) -> str:

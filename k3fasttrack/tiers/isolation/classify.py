@@ -26,7 +26,12 @@ from k3fasttrack.models.isolation import (
     TouchPoint,
 )
 from k3fasttrack.tiers.isolation import entries, gitdiff
-from k3fasttrack.tiers.isolation.checks import count_classes, static_checks, summary_line
+from k3fasttrack.tiers.isolation.checks import (
+    count_classes,
+    isolation_status,
+    static_checks,
+    summary_line,
+)
 from k3fasttrack.tiers.isolation.globs import GlobSet
 
 MODE_TYPES: dict[str, FileType] = {
@@ -311,10 +316,10 @@ def classify(repo: Path, base: str, head: str, config: IsolationConfig) -> Isola
     changes = tuple(classifier.change(raw, blobs) for raw in raws)
     counts = count_classes(changes)
     checks = static_checks(changes)
-    failed = any(c.outcome == "fail" for c in checks)
+    status, review = isolation_status(checks)
     return IsolationReport(
-        status="FAIL" if failed else "PASS",
-        reason=summary_line(counts),
+        status=status,
+        reason="; ".join(filter(None, (review, summary_line(counts)))),
         checks=checks,
         repo=str(repo),
         base=base,

@@ -16,6 +16,7 @@ from k3fasttrack.errors import UsageError
 from k3fasttrack.models.base import Check
 from k3fasttrack.models.isolation import IsolationReport, RuntimeSummary
 from k3fasttrack.models.trace import CounterSnapshot, StartupDecision, StepDecision, TraceRecord
+from k3fasttrack.tiers.isolation.checks import isolation_status
 
 _ADAPTER: TypeAdapter[TraceRecord] = TypeAdapter(TraceRecord)
 STOCK_ONLY_PHASES = ("prefill", "mixed")
@@ -179,12 +180,13 @@ def with_runtime(
     summary = summarize(traces)
     checks = (*report.checks, *runtime_checks(summary, traces))
     spec = sum(summary.specialized_by_phase.values())
+    status, _ = isolation_status(checks)
     return report.model_copy(
         update={
             "runtime": summary,
             "checks": checks,
             "raw_files": (*report.raw_files, *raw_files),
-            "status": "FAIL" if any(c.outcome == "fail" for c in checks) else "PASS",
+            "status": status,
             "reason": f"{report.reason}; runtime: {summary.steps} step(s), {spec} specialized",
         }
     )

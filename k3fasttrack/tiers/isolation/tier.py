@@ -166,6 +166,11 @@ def restatus(report: TierReport, bundle_dir: Path) -> tuple[TierStatus, str]:
         traces = [runtime.read_trace(bundle_dir / rel) for rel in rels]
         fresh.update((c.name, c) for c in runtime.runtime_checks(runtime.summarize(traces), traces))
     checks = [fresh.pop(c.name, c) for c in report.checks]
+    from k3fasttrack.tiers.isolation.checks import isolation_status
+
+    status, review = isolation_status([*checks, *fresh.values()])
+    if status == "INCOMPLETE":
+        return status, review
     return status_from_checks(report, [*checks, *fresh.values()])
 
 

@@ -71,13 +71,19 @@ def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
         return [f"not a perf report: {report.tier}"]
     problems = analysis.recompute_points(report, bundle_dir)
     stored: dict[str, Check] = {c.name: c for c in report.checks}
-    for fresh in samepath.recheck(bundle_dir):
+    rechecked = samepath.recheck(bundle_dir)
+    for fresh in rechecked:
         old = stored.get(fresh.name)
         if old is None or old.outcome != fresh.outcome:
             problems.append(
                 f"check {fresh.name}: stored {old.outcome if old else 'absent'}, "
                 f"recomputed {fresh.outcome}"
             )
+    derived = {c.name for c in rechecked}
+    problems.extend(
+        f"check {name}: stored {c.outcome}, but {samepath.SAME_PATH_FILE} that it is derived "
+        "from is not in the bundle"
+        for name, c in stored.items() if name.startswith("same_path_") and name not in derived)
     for rel in report.plots:
         if not (bundle_dir / rel).is_file():
             problems.append(f"plot {rel} is missing")
