@@ -16,6 +16,8 @@ import psutil
 import pytest
 import yaml
 
+from k3fasttrack.evals.suite import SUITES_DIR
+
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -100,7 +102,7 @@ def test_diff_of_two_demo_bundles_reports_per_point_changes(demo) -> None:
 
 
 def _tiny_profile(tmp: Path) -> Path:
-    suite = yaml.safe_load((ROOT / "eval_suites/demo/gsm8k.yaml").read_text())
+    suite = yaml.safe_load((SUITES_DIR / "demo/gsm8k.yaml").read_text())
     suite["limit"] = 6
     (tmp / "gsm8k.yaml").write_text(yaml.safe_dump(suite))
     prof = yaml.safe_load((ROOT / "k3fasttrack/profiles/cpu-demo.yaml").read_text())

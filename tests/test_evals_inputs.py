@@ -14,7 +14,7 @@ from k3fasttrack.evals.gpqa import GpqaZipError, read_gpqa_rows, to_docs
 from k3fasttrack.evals.suite import SUITES_DIR, SuiteError, budget_deviations, load_suite
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURE_ZIP = REPO / "tests/fixtures/gpqa/SYNTHETIC_gpqa_dataset.zip"
+FIXTURE_ZIP = REPO / "k3fasttrack/data/gpqa/SYNTHETIC_gpqa_dataset.zip"
 FIXTURE_PASSWORD = "synthetic-fixture"
 GSM8K_SUITE = (SUITES_DIR / "demo/gsm8k.yaml").read_text()
 

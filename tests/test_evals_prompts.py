@@ -15,13 +15,13 @@ def _raw(suite, prompt: str) -> list[dict]:
 
 
 def test_prompt_kept_for_gsm8k() -> None:
-    suite = load_suite(ROOT / "eval_suites/demo/gsm8k.yaml")
+    suite = load_suite("eval_suites/demo/gsm8k.yaml")
     (row,) = normalise(suite, "candidate", _raw(suite, "Question: 2+2?\nAnswer:"))
     assert row.prompt == "Question: 2+2?\nAnswer:" and row.output == "the answer"
 
 
 def test_gpqa_prompt_is_hashed_not_kept() -> None:
-    suite = load_suite(ROOT / "eval_suites/demo/gpqa_diamond.yaml")
+    suite = load_suite("eval_suites/demo/gpqa_diamond.yaml")
     (row,) = normalise(suite, "candidate", _raw(suite, "SECRET QUESTION TEXT"))
     assert row.prompt is None
     assert "SECRET" not in row.model_dump_json()

@@ -20,6 +20,7 @@ import yaml
 
 from k3fasttrack.cli.evals import run_evals
 from k3fasttrack.evals.compare import read_samples
+from k3fasttrack.evals.suite import SUITES_DIR
 from k3fasttrack.models.profile import Profile
 from k3fasttrack.profiles import load_profile
 from k3fasttrack.serving import ServerPair, start_pair
@@ -31,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _suite(tmp: Path, demo: str, **changes: Any) -> str:
-    raw = yaml.safe_load((REPO / "eval_suites/demo" / demo).read_text())
+    raw = yaml.safe_load((SUITES_DIR / "demo" / demo).read_text())
     raw.update(changes)
     path = tmp / demo
     path.write_text(yaml.safe_dump(raw))

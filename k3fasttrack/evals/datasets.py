@@ -20,6 +20,7 @@ from typing import Any
 
 from k3fasttrack.errors import UsageError
 from k3fasttrack.evals import gpqa, mrcr
+from k3fasttrack.data import DATA_DIR
 from k3fasttrack.evals.suite import REPO_ROOT, GpqaZipData, JsonlData, MrcrData, Suite
 
 
@@ -99,7 +100,7 @@ def _load_gpqa(suite: Suite, spec: GpqaZipData, paths: DataPaths) -> SuiteData:
     zip_path = paths.gpqa_zip
     password = paths.gpqa_password
     if zip_path is None and spec.default_zip is not None:
-        zip_path = REPO_ROOT / spec.default_zip
+        zip_path = DATA_DIR / spec.default_zip
         password = password or spec.default_password
     if zip_path is None:
         raise DatasetError(

@@ -14,12 +14,13 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from k3fasttrack.data import DATA_DIR, data_candidates, resolve_data_file
 from k3fasttrack.errors import UsageError
 from k3fasttrack.models.base import Record
 from k3fasttrack.stats.models import NoninferiorityDesign
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SUITES_DIR = REPO_ROOT / "eval_suites"
+SUITES_DIR = DATA_DIR / "eval_suites"
 
 
 class SuiteError(UsageError):
@@ -43,7 +44,7 @@ class GpqaZipData(Record):
     shuffle_seed: int = 0
     """Seed of the fixed answer order written into each document (same on both sides)."""
     default_zip: str | None = None
-    """Repository-relative zip used without ``--gpqa-zip``/``K3FT_GPQA_ZIP`` (demo only)."""
+    """Zip (relative to the package data folder) used without ``--gpqa-zip``/``K3FT_GPQA_ZIP`` (demo only)."""
     default_password: str | None = None
     """Password of ``default_zip`` (a synthetic fixture's, never the official one)."""
 
@@ -160,13 +161,10 @@ def _one_line(path: Path, exc: ValidationError) -> str:
 
 
 def resolve_suite_path(ref: str | Path) -> Path:
-    """A suite reference from a profile: a path (relative to the repo root) or a bare suite name."""
-    p = Path(ref)
-    if p.suffix not in (".yaml", ".yml"):
-        p = SUITES_DIR / f"{p}.yaml"
-    elif not p.is_absolute():
-        p = REPO_ROOT / p
-    return p
+    """A suite reference from a profile: a path as given, a path under the shipped suites
+    written with their folder name (``eval_suites/demo/gsm8k.yaml``), or a bare suite name."""
+    return (resolve_data_file(ref, "eval_suites")
+            or data_candidates(ref, "eval_suites")[-1])
 
 
 def load_suite(ref: str | Path) -> Suite:
@@ -194,10 +192,10 @@ def suite_digest(ref: str | Path) -> str:
 
 
 def suite_relpath(ref: str | Path) -> str:
-    """The suite file's path relative to the repository root (POSIX), or absolute if outside."""
+    """A shipped suite as ``eval_suites/...`` (POSIX), any other file by its absolute path."""
     path = resolve_suite_path(ref).resolve()
     try:
-        return path.relative_to(REPO_ROOT).as_posix()
+        return path.relative_to(DATA_DIR).as_posix()
     except ValueError:
         return path.as_posix()
 
