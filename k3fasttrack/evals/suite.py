@@ -44,7 +44,8 @@ class GpqaZipData(Record):
     shuffle_seed: int = 0
     """Seed of the fixed answer order written into each document (same on both sides)."""
     default_zip: str | None = None
-    """Zip (relative to the package data folder) used without ``--gpqa-zip``/``K3FT_GPQA_ZIP`` (demo only)."""
+    """Zip (relative to the package data folder) used without ``--gpqa-zip`` /
+    ``K3FT_GPQA_ZIP`` (demo only)."""
     default_password: str | None = None
     """Password of ``default_zip`` (a synthetic fixture's, never the official one)."""
 
