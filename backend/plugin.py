@@ -7,11 +7,16 @@ switch on, ``startup`` first checks that the installed vLLM does not read ``k3ft
 (``vllm_files_reading``) and refuses with one line (``SwitchKeyTaken``) when it does.
 
 ``register()`` runs in every vLLM process before the engine config exists. It is idempotent,
-imports nothing heavy, touches no GPU and, with the switch off, changes nothing. The switch is
-read from the engine config by ``switch_value(vllm_config)``: by ``register()`` itself when a
-config is already current, else by the model adapter at model init (the point where vLLM's own
-``decode_backend`` is read). ``startup(vllm_config)`` then makes the start-up decision with
-every unmet requirement and writes it to the selection trace.
+imports nothing heavy (vLLM's model registry only when vLLM itself is loading plugins), touches
+no GPU and, with the switch off, changes nothing. It registers ``backend.vllm_model:
+K3DecodeForCausalLM`` for ``KimiLinearForCausalLM`` as a lazy ``"module:Class"`` string: no
+engine config is current when vLLM loads plugins in its engine and worker processes
+(``v1/engine/core.py``, ``v1/worker/worker_base.py::init_worker``), so the switch is read where
+the model is constructed: with the switch off, that class constructs vLLM's own
+``KimiLinearForCausalLM`` (stock code only). With the switch on, model init calls
+``startup(vllm_config)``, which makes the start-up decision with every unmet requirement
+(``K3_DECODE_TEST_MODE=tiny-cpu`` waives CPU, tiny shapes and eager mode: ``selection``) and
+writes it to the selection trace.
 """
 
 from __future__ import annotations
@@ -114,6 +119,20 @@ def _install_cpu_test_support() -> None:
         vllm_cpu_support.install()
 
 
+MODEL_ARCHITECTURE = "KimiLinearForCausalLM"
+MODEL_CLASS = "backend.vllm_model:K3DecodeForCausalLM"
+
+
+def _register_model() -> None:
+    """Register ``MODEL_CLASS`` (lazily, by name) for vLLM's K3 text architecture, only inside a
+    vLLM process (``vllm.plugins`` loaded): nothing of vLLM is imported otherwise."""
+    if "vllm.plugins" not in sys.modules:
+        return
+    from vllm.model_executor.models import ModelRegistry
+
+    ModelRegistry.register_model(MODEL_ARCHITECTURE, MODEL_CLASS)
+
+
 def register() -> None:
     """Entry point called by vLLM in each process; a second call does nothing."""
     global _REGISTERED
@@ -122,6 +141,7 @@ def register() -> None:
     _REGISTERED = True
     _write_marker()
     _install_cpu_test_support()
+    _register_model()
     config = _current_vllm_config()
     if config is not None and switch_on(config):
         startup(config)
@@ -186,11 +206,11 @@ def startup(vllm_config: Any) -> dict[str, object]:
     """Start-up decision for this engine (every unmet requirement), written to the trace once.
 
     Raises ``SwitchKeyTaken`` first when the installed vLLM reads our switch key itself."""
-    from backend.k3_decode.selection import startup_record
+    from backend.k3_decode.selection import is_test_mode, startup_record
     from backend.k3_decode.trace import get_writer
 
     check_switch_key_free()
-    record = startup_record(facts_from_vllm_config(vllm_config))
+    record = startup_record(facts_from_vllm_config(vllm_config), test_mode=is_test_mode())
     if id(vllm_config) not in _ACTIVE_CONFIG_IDS:
         _ACTIVE_CONFIG_IDS.add(id(vllm_config))
         writer = get_writer()

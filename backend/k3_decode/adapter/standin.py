@@ -214,6 +214,8 @@ class KdaMd:
     spec_state_indices_tensor: torch.Tensor | None = None
     non_spec_state_indices_tensor: torch.Tensor | None = None
     num_accepted_tokens: torch.Tensor | None = None
+    non_spec_query_start_loc: torch.Tensor | None = None
+    spec_query_start_loc: torch.Tensor | None = None
 
 
 @dataclass
