@@ -363,3 +363,13 @@ def test_folder_that_declares_data_is_refused(tmp_path, signer, genuine_archive)
     forged.write_bytes(gzip.compress(bytes(tar), mtime=0))
     with pytest.raises(ArchiveLayoutError, match=re.escape(f"header of entry {name!r} differs")):
         verify_bundle(forged, signer.allowed_signers)
+
+
+def test_a_chain_of_extended_headers_is_refused(tmp_path, signer, genuine_archive):
+    """Extended headers are held in memory until their entry: a long chain of them is refused
+    after a few, not read on."""
+    chain = b"".join(pax_member(f"bundle/zz{i}", {"comment": "x" * 100}, body=b"")[:1024]
+                     for i in range(50))
+    forged = append_member(genuine_archive, tmp_path / "chain.tar.gz", chain)
+    with pytest.raises(ArchiveLayoutError, match="extended headers in a row"):
+        verify_bundle(forged, signer.allowed_signers)

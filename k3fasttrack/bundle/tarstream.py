@@ -26,6 +26,9 @@ _READ = 1 << 20
 _INFLATE = 4 << 20
 MAX_PAX_BYTES = 64 << 10
 """Largest extended header accepted (the packer writes one only for a long or non-ASCII path)."""
+MAX_CHAINED_HEADERS = 4
+"""Extended headers (PAX, GNU long name/link) allowed before one entry; the packer writes at
+most one, and each is held in memory until its entry is read."""
 
 
 class Truncated(Exception):
@@ -185,8 +188,12 @@ def read_header(stream: TarStream, block: bytes, index: int) -> Header:
     problem = None
     try:
         info = _parse_block(block)
+        chained = 0
         while info.type in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME,
                             tarfile.GNUTYPE_LONGLINK):
+            chained += 1
+            if chained > MAX_CHAINED_HEADERS:
+                raise ValueError(f"more than {MAX_CHAINED_HEADERS} extended headers in a row")
             if info.size > MAX_PAX_BYTES:
                 raise ValueError(f"an extended header of {info.size} bytes")
             data = stream.read(padded(info.size))
