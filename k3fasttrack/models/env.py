@@ -31,6 +31,21 @@ class GitState(Record):
     at most 200."""
 
 
+class CpuInfo(Record):
+    """The host CPU: what bounds a CPU-served model's speed."""
+
+    model: str | None
+    """The model name the OS reports (``/proc/cpuinfo``), None when unreadable."""
+    logical_cores: int
+    usable_cores: int
+    """Cores this process may run on (its affinity mask)."""
+    isa_flags: tuple[str, ...] = ()
+    """The vector/matrix ISA extensions present: avx2, avx512*, amx*."""
+    isa_caps: dict[str, str] = {}
+    """ISA caps the environment sets (``ONEDNN_MAX_CPU_ISA`` for oneDNN, ``ATEN_CPU_CAPABILITY``
+    for PyTorch's kernels); vLLM's own CPU extension picks AVX-512 whenever the CPU has it."""
+
+
 class Environment(Artefact):
     """Machine, GPUs, driver/CUDA, package versions, and the git state of the code under test."""
 
@@ -38,6 +53,7 @@ class Environment(Artefact):
     """sha256 prefix of the hostname (identifies repeat runs without leaking the name)."""
     platform: str
     cpu_count: int
+    cpu: CpuInfo | None = None
     gpus: tuple[GpuInfo, ...] = ()
     driver_version: str | None = None
     cuda_version: str | None = None

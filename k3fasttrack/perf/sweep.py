@@ -21,6 +21,7 @@ from k3fasttrack.perf import workloads
 from k3fasttrack.perf.bench import BenchFn, bench_argv, extract_metrics, request_summary
 from k3fasttrack.perf.grid import SweepGrid
 from k3fasttrack.perf.targets import ACCEPTED, DRAFTS, Target, counter
+from k3fasttrack.pipeline import progress
 
 SIDES: tuple[Side, Side] = ("baseline", "candidate")
 MAX_PROMPT_FILE_BYTES = 1 << 20
@@ -137,6 +138,7 @@ def measure_point(job: PointJob) -> dict[str, Any]:
     """Warm up, then ``repeats`` rounds of A B A B; returns the point's cell result."""
     grid, n = job.grid, num_prompts(job.params, job.grid)
     warm_up(job)
+    progress.begin_activity(f"perf {job.point}")
     sides: dict[str, dict[str, Any]] = {s: {"repeats": []} for s in SIDES}
     prompt_digests: list[str] = []
     for r in range(grid.repeats):
@@ -145,8 +147,10 @@ def measure_point(job: PointJob) -> dict[str, Any]:
         prompt_digests.append(digest)
         for side in SIDES:
             rel = f"perf/raw/{job.point}/{side}-r{r}.json"
+            progress.relabel(f"perf {job.point} r{r} {side}")
             before = _counters(job.targets[side])
             result = _run_once(job, side, job.bundle_dir / rel, dataset, n, seed)
+            progress.request_done(n)
             delta = _delta(before, _counters(job.targets[side]))
             sides[side]["repeats"].append(
                 {

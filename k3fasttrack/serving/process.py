@@ -33,14 +33,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def spawn(argv: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """Start ``argv`` in a new session (own process group), stdout+stderr appended to ``log_path``."""
+def spawn(argv: list[str], log_path: Path, env: dict[str, str],
+          cores: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a new session (own process group), stdout+stderr appended to ``log_path``;
+    ``cores``: the only CPUs it and its children may run on (all when empty)."""
     _install_hooks()
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    pin = None
+    if cores:
+        def pin() -> None:
+            os.sched_setaffinity(0, cores)
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env, start_new_session=True,
+            env=env, start_new_session=True, preexec_fn=pin,
         )
     with _LOCK:
         _LIVE[proc.pid] = proc

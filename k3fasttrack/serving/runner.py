@@ -6,8 +6,9 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -21,13 +22,15 @@ from k3fasttrack.models.serving import (
 )
 from k3fasttrack.pipeline.atomic import write_json_atomic
 from k3fasttrack.pipeline.context import TierContext
-from k3fasttrack.serving import effective, process
+from k3fasttrack.serving import calibration, effective, process
 from k3fasttrack.serving.errors import ServerStartError
 from k3fasttrack.serving.model_prep import resolve_model
 from k3fasttrack.serving.server import Server, Side, Watchdog
 
 SERVER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 """Set for started servers unless already set in the environment (recorded as ``env.*``)."""
+RECORDED_ENV = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+"""Recorded as ``env.*`` when the caller sets them (ISA caps, the same for both servers)."""
 PROBE_ENV = "K3FT_PROBE_OUT"
 SERVICE_NAME = "servers"
 PAIR_RECORD = "servers/pair.json"
@@ -52,6 +55,8 @@ class ServerPair:
     candidate: Server
     switch_args: tuple[str, ...]
     mode: str  # "started" | "attached"
+    placement: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Cores each started server is pinned to (empty: not pinned)."""
 
     def sides(self) -> tuple[tuple[Side, Server], ...]:
         """``(("baseline", server), ("candidate", server))``."""
@@ -169,9 +174,11 @@ def start_pair(serving: ServingConfig, log_dir: Path, *,
     model = resolve_model(serving.model)
     timeout = serving.startup_timeout_s if startup_timeout_s is None else startup_timeout_s
     servers: list[Server] = []
+    placement = _placement()
     try:
         for side, extra in (("baseline", ()), ("candidate", switch)):
-            servers.append(_spawn_one(side, model, serving, extra, log_dir))  # type: ignore[arg-type]
+            servers.append(_spawn_one(side, model, serving, extra, log_dir,  # type: ignore[arg-type]
+                                      placement.get(side, ())))
         for srv in servers:
             _ready(srv, timeout)
     except BaseException:
@@ -179,22 +186,34 @@ def start_pair(serving: ServingConfig, log_dir: Path, *,
             if srv.process is not None:
                 process.stop(srv.process)
         raise
-    return ServerPair(baseline=servers[0], candidate=servers[1], switch_args=switch, mode="started")
+    return ServerPair(baseline=servers[0], candidate=servers[1], switch_args=switch,
+                      mode="started", placement=placement)
+
+
+def _placement() -> dict[str, tuple[int, ...]]:
+    """Disjoint cores per side when there are at least two and the caller binds nothing."""
+    halves = calibration.split_cores(calibration.usable_cores())
+    if halves is None or os.environ.get(calibration.BIND_ENV):
+        return {}
+    return {"baseline": halves[0], "candidate": halves[1]}
 
 
 def _spawn_one(side: Side, model: str, serving: ServingConfig, extra: tuple[str, ...],
-               log_dir: Path) -> Server:
+               log_dir: Path, cores: tuple[int, ...] = ()) -> Server:
     port = process.free_port()
     argv = server_argv(model, port, serving, extra)
     env = dict(os.environ)
     set_here = {k: v for k, v in SERVER_ENV.items() if k not in env}
     env.update(set_here)
+    if cores:  # vLLM's OpenMP threads on the same cores as the process (not its auto choice)
+        env[calibration.BIND_ENV] = ",".join(str(c) for c in cores)
     probe = log_dir / f"{side}.probe.json"
     probe.unlink(missing_ok=True)
     env[PROBE_ENV] = str(probe)
     log_path = log_dir / f"{side}.log"
-    proc = process.spawn(argv, log_path, env)
+    proc = process.spawn(argv, log_path, env, cores)
     shown = {f"env.{k}": env[k] for k in sorted(SERVER_ENV)}
+    shown.update({f"env.{k}": env[k] for k in RECORDED_ENV if env.get(k)})
     return Server(side=side, url=f"http://127.0.0.1:{port}", process=proc, log_path=log_path,
                   argv=tuple(argv), probe_path=probe, extra_effective=shown,
                   request_timeout_s=serving.request_timeout_s)
@@ -231,6 +250,18 @@ def open_pair(serving: ServingConfig, log_dir: Path) -> ServerPair:
     return start_pair(serving, log_dir)
 
 
+def measure_host(pair: ServerPair) -> calibration.HostRecord:
+    """Placement and a short calibration of each started server, one server at a time."""
+    runs: list[calibration.Throughput] = []
+    if pair.mode == "started":
+        for side, srv in pair.sides():
+            def post(body: dict[str, Any], srv: Server = srv) -> dict[str, Any]:
+                return srv.post_json("/v1/completions", {"model": srv.model_name, **body},
+                                     timeout_s=300.0)
+            runs.append(calibration.calibrate(side, post))
+    return calibration.host_record(pair.placement, tuple(runs))
+
+
 def pair_service(ctx: TierContext) -> ServerPair:
     """The run's one shared pair (started on first use, stopped when the run ends).
 
@@ -252,6 +283,10 @@ def pair_service(ctx: TierContext) -> ServerPair:
         try:
             write_json_atomic(ctx.bundle_dir / PAIR_RECORD,
                               pair.record(ctx.bundle_dir).model_dump(mode="json"))
+            host = measure_host(pair)
+            write_json_atomic(ctx.bundle_dir / calibration.HOST_RECORD,
+                              host.model_dump(mode="json"))
+            ctx.progress.note(calibration.summary(host))
         except BaseException:
             pair.close()
             raise
