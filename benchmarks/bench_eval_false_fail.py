@@ -1,7 +1,7 @@
 """False-FAIL rate of the evals accuracy gate under pure A/A noise, per shipped suite.
 
     .venv/bin/python benchmarks/bench_eval_false_fail.py [--trials 1000] [--accuracy 0.5 0.8]
-        [--suites eval_suites/gsm8k.yaml ...] [--seed 0]
+        [--groups full demo] [--seed 0]
 
 For each group of suites (the full suites, then the CPU demo suites: each group is one Holm
 family, as in a profile), every trial simulates paired outcomes with each suite's planned n and
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from k3fasttrack.evals.suite import SUITES_DIR
 from k3fasttrack.evals.suite import Suite, design, load_suite
 from k3fasttrack.stats.models import NoninferiorityDesign
 from k3fasttrack.stats.noninferiority import gates, suite_evidence
@@ -118,7 +119,7 @@ def main() -> None:
     args = ap.parse_args()
     for acc in args.accuracy:
         for group in args.groups:
-            run_group(group, [str(ROOT / "eval_suites" / f"{r}.yaml") for r in GROUPS[group]],
+            run_group(group, [str(SUITES_DIR / f"{r}.yaml") for r in GROUPS[group]],
                       args.trials, acc, args.seed)
 
 

