@@ -19,7 +19,7 @@ cd "$work/empty"
 k3ft="$work/venv/bin/k3ft"
 "$k3ft" --version
 "$k3ft" --help >/dev/null
-"$k3ft" verify "$root/bundles/cpu-demo-2026-11-29/bundle.tar.gz" \
+"$k3ft" verify "$root/bundles/cpu-demo-2026-12-03/bundle.tar.gz" \
   --allowed-signers "$root/bundles/allowed_signers"
 # The shipped sweep grid resolves from the wheel (the perf cells are planned).
 "$k3ft" validate --dry-run --json >"$work/plan.json" || true

@@ -87,7 +87,7 @@ def test_diff_of_two_demo_bundles_reports_per_point_changes(demo) -> None:
     day): every sweep point is reported with its change; a bundle against itself has none."""
     tmp, env, _ = demo
     bundle = tmp / "run/bundle"
-    old = ROOT / "bundles/cpu-demo-2026-11-29/bundle.tar.gz"
+    old = ROOT / "bundles/cpu-demo-2026-12-03/bundle.tar.gz"
     proc = subprocess.run([sys.executable, "-m", "k3fasttrack", "diff", str(old), str(bundle),
                            "--json"], env=env, capture_output=True, text=True)
     assert proc.returncode in (0, 1), proc.stderr

@@ -279,12 +279,13 @@ def test_pytest_log_that_counts_failures_contradicts_exit_zero(tmp_path) -> None
         "pytest returned 0 but kernels/pytest.log counts 1 failed, 2 passed"]
 
 
-CPU_DEMO = Path(__file__).resolve().parent.parent / "bundles/cpu-demo-2026-11-29/bundle.tar.gz"
+CPU_DEMO = Path(__file__).resolve().parent.parent / "bundles/cpu-demo-2026-12-03/bundle.tar.gz"
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> Path:
-    """The committed cpu-demo bundle (isolation NOT_RUN; evals, features, perf, proof PASS)."""
+    """The committed cpu-demo bundle (isolation NOT_RUN, evals INCOMPLETE (inconclusive at floor
+    and chance), features and proof PASS, perf FAIL)."""
     dest = tmp_path_factory.mktemp("demo")
     with tarfile.open(CPU_DEMO) as tar:
         tar.extractall(dest, filter="data")
@@ -297,8 +298,8 @@ def _report(bundle: Path, tier: str):
 
 def test_every_tier_of_a_committed_bundle_restates_its_own_status(demo) -> None:
     statuses = {r.tier: (r.status, restatus(r, demo)[0]) for r in _reports(demo)}
-    assert statuses == {"isolation": ("NOT_RUN", "NOT_RUN"), "evals": ("PASS", "PASS"),
-                        "features": ("PASS", "PASS"), "perf": ("PASS", "PASS"),
+    assert statuses == {"isolation": ("NOT_RUN", "NOT_RUN"), "evals": ("INCOMPLETE", "INCOMPLETE"),
+                        "features": ("PASS", "PASS"), "perf": ("FAIL", "FAIL"),
                         "proof": ("PASS", "PASS")}
 
 
@@ -308,14 +309,17 @@ def test_a_failed_check_gives_fail_in_every_tier(demo, tier) -> None:
     first = report.checks[0].model_copy(update={"outcome": "fail"})
     edited = report.model_copy(update={"checks": (first, *report.checks[1:])})
     assert restatus(edited, demo)[0] == "FAIL"
-    assert restatus(report.model_copy(update={"checks": ()}), demo) == (
-        "INCOMPLETE", "the tier recorded no check")  # a finished tier that shows nothing
+    bare = restatus(report.model_copy(update={"checks": ()}), demo)
+    if report.status == "INCOMPLETE":  # evals: inconclusive suites keep it INCOMPLETE
+        assert bare == ("INCOMPLETE", report.reason)
+    else:  # a finished tier that shows nothing cannot pass
+        assert bare == ("INCOMPLETE", "the tier recorded no check")
 
 
 @pytest.mark.parametrize("reason,status", [(f"{BLIND_PREFIX} no /metrics", "INCOMPLETE"),
                                            ("--enforce-eager differs", "FAIL")])
 def test_an_unconfirmed_switch_forces_the_serving_tiers_status(demo, reason, status) -> None:
-    report = _report(demo, "evals")
+    report = _report(demo, "features")
     switch = report.switch.model_copy(update={"confirmed": False, "reason": reason})
     checks = tuple(c.model_copy(update={"outcome": "fail"}) if c.name == SWITCH_CHECK else c
                    for c in report.checks)
@@ -357,3 +361,16 @@ def test_a_run_named_after_a_shipped_profile_must_plan_its_tiers(tmp_path) -> No
     sign_bundle(bundle, signer.private, profile="cpu-demo", verdict="PASS", git_commit=GIT_COMMIT)
     with pytest.raises(ReportInvalidError, match="shipped profile 'cpu-demo'"):
         verify_bundle(bundle, signer.allowed_signers)
+
+
+def test_sides_that_differ_beyond_the_switch_fail_even_an_inconclusive_tier(demo) -> None:
+    """The demo's evals tier is INCOMPLETE (suites at floor or chance); a configuration that
+    differs in more than the switch still makes it FAIL: the comparison is not evidence."""
+    report = _report(demo, "evals")
+    assert report.status == "INCOMPLETE"
+    switch = report.switch.model_copy(update={"confirmed": False,
+                                              "reason": "--enforce-eager differs"})
+    checks = tuple(c.model_copy(update={"outcome": "fail"}) if c.name == SWITCH_CHECK else c
+                   for c in report.checks)
+    edited = report.model_copy(update={"switch": switch, "checks": checks})
+    assert restatus(edited, demo) == ("FAIL", "not evidence: --enforce-eager differs")

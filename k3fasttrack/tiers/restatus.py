@@ -44,17 +44,23 @@ def status_from_checks(report: TierReport, checks: Sequence[Check] | None = None
 def serving_status(report: TierReport, results: Sequence[tuple[str, str, str]],
                    switch: SwitchCheckRecord | None) -> Restated:
     """The evals / features rule: a result (name, outcome, reason) that is not ``pass`` FAILs the
-    tier, then any other failed check; an unfinished tier keeps INCOMPLETE; an unconfirmed
-    switch check forces its status (INCOMPLETE when the configuration was not seen, else FAIL)."""
+    tier, then any other failed check, then sides that differ in more than the switch (the
+    comparison is not evidence); an unfinished tier keeps INCOMPLETE; a configuration that was
+    not seen makes a finished tier INCOMPLETE."""
     from k3fasttrack.serving.runner import switch_outcome
 
     bad = [(name, reason) for name, outcome, reason in results if outcome != "pass"]
     if bad:
         return "FAIL", f"{bad[0][0]}: {bad[0][1]}"
     generic = status_from_checks(report, [c for c in report.checks if c.name != SWITCH_CHECK])
+    switch_status = switch_outcome(switch)
+    if generic[0] == "FAIL":
+        return generic
+    if switch_status is not None and switch_status[0] == "FAIL":
+        return switch_status
     if generic[0] != "PASS":
         return generic
-    return switch_outcome(switch) or generic
+    return switch_status or generic
 
 
 __all__ = ["SWITCH_CHECK", "Restated", "serving_status", "status_from_checks"]
