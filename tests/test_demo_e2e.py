@@ -43,8 +43,12 @@ def test_demo_runs_every_built_tier_and_signs(demo) -> None:
     tiers = {t["tier"]: t for t in result["tiers"]}
     assert set(tiers) == {"isolation", "evals", "features", "perf", "proof"}
     assert tiers["isolation"]["status"] == "NOT_RUN"  # no --repo/--base given
-    for tier in ("evals", "features", "perf", "proof"):
+    for tier in ("features", "perf", "proof"):
         assert tiers[tier]["status"] in ("PASS", "FAIL"), tiers[tier]
+    # the 135M demo model scores at floor or chance: its suites are inconclusive, never PASS
+    assert tiers["evals"]["status"] in ("FAIL", "INCOMPLETE"), tiers["evals"]
+    if tiers["evals"]["status"] == "INCOMPLETE":
+        assert tiers["evals"]["reason"].startswith("inconclusive: ")
     expected = {"PASS": 0, "FAIL": 1, "INCOMPLETE": 4}[result["verdict"]]
     assert proc.returncode == expected
     signers = tmp / "config/k3ft/k3ft_ed25519.allowed_signers"
@@ -117,8 +121,9 @@ def test_candidate_killed_mid_suite_then_resume_completes(tmp_path) -> None:
     env = _env(tmp_path)
     profile = _tiny_profile(tmp_path)
     out = tmp_path / "run"
+    # unsigned: a finished, signed run is evidence and is never resumed or overwritten
     cmd = [sys.executable, "-m", "k3fasttrack", "validate", "--profile", str(profile),
-           "--out", str(out)]
+           "--out", str(out), "--no-sign"]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     running = out / "bundle/cells/evals-gsm8k-candidate.running"
@@ -143,6 +148,6 @@ def test_candidate_killed_mid_suite_then_resume_completes(tmp_path) -> None:
                              capture_output=True, text=True, timeout=900)
     result = json.loads(resumed.stdout)["result"]
     tiers = {t["tier"]: t["status"] for t in result["tiers"]}
-    assert tiers["evals"] in ("PASS", "FAIL"), resumed.stderr[-2000:]
+    assert tiers["evals"] in ("PASS", "FAIL", "INCOMPLETE"), resumed.stderr[-2000:]
     assert (out / "bundle/cells/evals-gsm8k-candidate.json").exists()
     assert "evals-gsm8k-baseline: done earlier, skipped" in resumed.stderr

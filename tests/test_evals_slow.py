@@ -72,7 +72,10 @@ def first_run(
 
 def test_both_sides_run_and_compare(first_run: tuple[Path, Any]) -> None:
     out, report = first_run
-    assert report.status == "PASS", report.reason
+    # a few documents of the 135M model score at floor or chance: the gate says so instead of
+    # PASS (and never FAIL between identical servers)
+    assert report.status in ("PASS", "INCOMPLETE"), report.reason
+    assert report.status == "PASS" or report.reason.startswith("inconclusive: ")
     assert [r.suite for r in report.suites] == ["gpqa_diamond", "mrcr"]
     for r, n in zip(report.suites, (4, 3), strict=True):
         assert r.comparison.n == n and r.prompt_mismatches == 0
