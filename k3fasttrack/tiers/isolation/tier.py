@@ -153,7 +153,7 @@ def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
 def restatus(report: TierReport, bundle_dir: Path) -> tuple[TierStatus, str]:
     """FAIL when a check fails, with the static checks re-derived from the changes (which
     ``recompute`` holds to ``changes.jsonl``) and the runtime checks from the copied traces."""
-    from k3fasttrack.tiers.isolation.classify import static_checks
+    from k3fasttrack.tiers.isolation.checks import isolation_status, static_checks
     from k3fasttrack.tiers.restatus import status_from_checks
 
     if not isinstance(report, IsolationReport):
@@ -166,12 +166,11 @@ def restatus(report: TierReport, bundle_dir: Path) -> tuple[TierStatus, str]:
         traces = [runtime.read_trace(bundle_dir / rel) for rel in rels]
         fresh.update((c.name, c) for c in runtime.runtime_checks(runtime.summarize(traces), traces))
     checks = [fresh.pop(c.name, c) for c in report.checks]
-    from k3fasttrack.tiers.isolation.checks import isolation_status
-
-    status, review = isolation_status([*checks, *fresh.values()])
+    checks += fresh.values()
+    status, review = isolation_status(checks)
     if status == "INCOMPLETE":
         return status, review
-    return status_from_checks(report, [*checks, *fresh.values()])
+    return status_from_checks(report, checks)
 
 
 def _recompute_runtime(report: IsolationReport, bundle_dir: Path) -> list[str]:
