@@ -9,16 +9,22 @@ fraction of the 4.18 TB/s copy ceiling. What "stock" runs is what vLLM runs for 
 Hopper, as a sequence of kernels:
   kda        _C.dsv3_fused_a_gemm (f_b) + _C.fused_kda_decode; ours: kda_decode (f_b inside)
   router     cuBLAS fp32-out GEMM + _moe_C.grouped_topk; ours: route (one kernel)
-  mla_fp8    bmm W_UK + cat/quant q to fp8 + FlashMLA fp8 + bmm W_UV + sigmoid gate; ours:
-             mla_decode (the same span); vLLM fuses the q quant into its cache-insert kernel and
-             the gate into one Inductor kernel, so the extra launches are listed with it
+  mla_fp8    bmm W_UK + _C q-concat/fp8-quant/cache-insert + FlashMLA fp8 (split + combine)
+             + bmm W_UV (into the transposed output, as vLLM) + sigmoid gate (2 eager kernels;
+             vLLM's Inductor makes it 1); ours: mla_decode (the same span less the cache insert)
   mla_bf16   the same with FlashAttention-3 (``_vllm_fa3_C``) over a bf16 cache
-The "core" column times the stock kernel alone (fused_kda_decode, grouped_topk, the attention).
+  proj       bf16 projections at M = 1 and 8: our GEMV vs what vLLM's H200 table picks when it
+             is in the pack (``dsv3_fused_a_gemm`` or cuBLAS; its CuTe skinny GEMM is not)
+The "core" column times the stock kernel alone (fused_kda_decode, grouped_topk, the attention);
+"other" the stock-side kernels measured beside it. "floor us" is the bytes over the 4.18 TB/s
+copy ceiling; "of floor" is floor / time.
 Each family runs in its own process: one whose library fails to load, or whose kernel faults,
 becomes NOT RUN rows with the reason, and the others still run. The table prints last; rows,
 the table and each family's log are written to $OUT (or --out).
 
-Run (device, after DEVICE.md's call A): ``python benchmarks/bench_stock_vs_ours.py``
+Run (device, after DEVICE.md's call A): ``python benchmarks/bench_stock_vs_ours.py``;
+``--list`` prints the cases and exits (no GPU needed); ``--deadline S`` ends the run, table
+included, within S seconds (families that no longer fit become NOT RUN rows).
 """
 
 from __future__ import annotations
@@ -31,12 +37,24 @@ import sys
 import time
 from pathlib import Path
 
-FAMILIES = {"kda": 110, "router": 80, "mla_fp8": 130, "mla_bf16": 130}  # timeout s per family
+FAMILIES = {"kda": 110, "router": 80, "mla_fp8": 130, "mla_bf16": 130, "proj": 110}  # timeouts
+PROJ = {  # (N, K) -> (name, vLLM's pick at M=1, at M=8), from KIMI_K3_PROJECTIONS_SM90
+    (2112, 7168): ("mla q_a+kv_a", "cute", "dsv3"), (2304, 1536): ("mla q_b", "cute", "dsv3"),
+    (1536, 7168): ("shared gate_up", "cute", "dsv3"),
+    (3584, 7168): ("latent down", "cute", "cuBLAS"),
+    (6288, 7168): ("kda in_proj", "cute", "cuBLAS"), (7168, 1536): ("o_proj", "cute", "cuBLAS"),
+}
 CASES = {
     "kda": [(b, 0) for b in (1, 8)],
     "router": [(b, e) for e in (896, 224) for b in (1, 8)],
     "mla_fp8": [(b, c) for c in (1024, 32768) for b in (1, 8)],
     "mla_bf16": [(b, c) for c in (1024, 32768) for b in (1, 8)],
+    "proj": [(b, nk) for nk in PROJ for b in (1, 8)],
+}
+KERNELS = {
+    "kda": "dsv3 f_b + fused_kda_decode", "router": "cuBLAS fp32 GEMM + grouped_topk",
+    "mla_fp8": "bmm + q_concat_insert + FlashMLA fp8 + bmm + gate",
+    "mla_bf16": "bmm + q_concat_insert + FA3 + bmm + gate",
 }
 HEADS, REPLAYS, CEILING = 12, 30, 4.18
 
@@ -68,8 +86,7 @@ def _kda_set(batch: int, seed: int) -> dict:
     from backend.k3_decode.testing import kda_inputs
 
     s = kda_inputs(HEADS, batch, 1, seed=seed, extra_slots=0)
-    s["conv_w"] = s["conv_w"].bfloat16().float()  # stock takes bf16 taps: same values for both
-    s["conv_w_bf16"] = s["conv_w"].bfloat16()
+    s["conv_w"] = s["conv_w"].bfloat16().float()  # K3's checkpoint taps are bf16; both take fp32
     t, hd = batch, HEADS * 128
     s["raw_g"] = torch.empty(t, hd, dtype=torch.bfloat16, device="cuda")
     s["out_stock"] = torch.empty(t, hd, dtype=torch.bfloat16, device="cuda")
@@ -83,7 +100,7 @@ def _kda_stock(s: dict, with_gemm: bool = True) -> None:
 
     if with_gemm:
         stock.f_b_gemm(s["f_a"], s["f_b"], s["raw_g"])
-    stock.kda_decode(s["x"], s["raw_g"], s["raw_beta"], s["out_gate"], s["conv_w_bf16"],
+    stock.kda_decode(s["x"], s["raw_g"], s["raw_beta"], s["out_gate"], s["conv_w"],
                      s["dt_bias"], s["a_log"], s["norm_w"], s["conv_state"], s["state"],
                      s["idx_flat"], s["out_stock"])
 
@@ -103,7 +120,8 @@ def kda_case(batch: int, _unused: int) -> dict:
     from backend.k3_decode.reference.kda import KdaParams
     from backend.k3_decode.reference.kda import kda_decode as ref_kda
 
-    row = {"op": "kda", "batch": batch, "ctx": "-", "bytes": bench_kda.min_bytes(HEADS, batch, 1)}
+    row = {"op": "kda", "batch": batch, "ctx": "-", "bytes": bench_kda.min_bytes(HEADS, batch, 1),
+           "kernels": KERNELS["kda"]}
     s0 = _kda_set(batch, 0)
     p = KdaParams(s0["conv_w"], s0["f_b"], s0["dt_bias"], s0["a_log"], s0["norm_w"])
     ref_out, _, ref_state = ref_kda(s0["x"], s0["f_a"], s0["raw_beta"], s0["out_gate"],
@@ -139,7 +157,7 @@ def router_case(batch: int, experts: int) -> dict:
 
     k, top = 7168, 16
     scaling = k3_config(8).moe.routed_scaling_factor
-    row = {"op": f"router E={experts}", "batch": batch, "ctx": "-",
+    row = {"op": f"router E={experts}", "batch": batch, "ctx": "-", "kernels": KERNELS["router"],
            "bytes": experts * k * 2 + batch * k * 2 + batch * experts * 4 + batch * top * 8}
     n = sets_for(experts * k * 2)
     ws = [torch.randn(experts, k, device="cuda").mul_(0.02).bfloat16() for _ in range(n)]
@@ -190,9 +208,14 @@ def _mla_stock(s: dict, fp8: bool, ctx: int, attn_only: bool = False) -> None:
 
     if not attn_only:
         ql = torch.bmm(s["q_nope"].transpose(0, 1), s["w_uk_t"]).transpose(0, 1)
-        q = torch.cat([ql, s["q_pe"]], dim=-1)
-        s["q_stock"] = q.to(torch.float8_e4m3fn) if fp8 else q  # q_scale 1, as K3 loads it
-    q = s["q_stock"]
+        if s["fused_q"]:  # q_scale 1, as K3 loads it; the cache insert goes to a scratch block
+            stock.mla_q_concat_insert(ql, s["q_pe"], s["kv_c"], s["k_pe"], s["scratch"],
+                                      s["slots"], s["q_buf"], s["one"] if fp8 else None,
+                                      s["kv_scale_inv"] if fp8 else None)
+        else:  # torch stand-in when the fused kernel failed (the row says why)
+            q = torch.cat([ql, s["q_pe"]], dim=-1)
+            s["q_buf"].copy_(q.to(torch.float8_e4m3fn) if fp8 else q)
+    q = s["q_buf"]
     if fp8:
         o, _ = stock.flashmla_fp8_decode(q, s["kv_cache"], s["block_table"], s["seq_lens"],
                                          s["plan"], s["one"], s["kv_scale"])
@@ -200,8 +223,9 @@ def _mla_stock(s: dict, fp8: bool, ctx: int, attn_only: bool = False) -> None:
         o = stock.fa3_decode(q, s["kv_cache"], s["block_table"], s["seq_lens"], s["cu_q"], ctx,
                              s["plan"])
     if not attn_only:
-        v = torch.bmm(o.transpose(0, 1), s["w_uv"]).transpose(0, 1).reshape(o.shape[0], -1)
-        s["out_stock"] = v * torch.sigmoid(s["gate"])
+        t, out = o.shape[0], s["out_stock"]
+        torch.bmm(o.transpose(0, 1), s["w_uv"], out=out.view(t, HEADS, 128).transpose(0, 1))
+        out.mul_(torch.sigmoid(s["gate"]))
 
 
 def _mla_ours(s: dict, ctx: int) -> None:
@@ -222,14 +246,24 @@ def mla_case(batch: int, ctx: int, fp8: bool) -> dict:
 
     cache = "fp8" if fp8 else "bf16"
     row = {"op": f"mla {cache}", "batch": batch, "ctx": ctx,
+           "kernels": KERNELS["mla_fp8" if fp8 else "mla_bf16"],
            "bytes": bench_mla.bytes_moved(HEADS, batch, 1, ctx, cache)}
     gen = torch.Generator(device="cuda").manual_seed(batch * 7 + ctx)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     n = max(2, min(16, -(-3 * l2 // row["bytes"])))
     sets = [bench_mla.make_set(HEADS, batch, 1, ctx, cache, gen) for _ in range(n)]
     for s in sets:
+        kv_dt = s["kv_cache"].dtype
         s["one"] = torch.ones(1, device="cuda")
+        s["kv_scale_inv"] = 1.0 / s["kv_scale"]
         s["cu_q"] = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+        s["kv_c"] = torch.randn(batch, 512, device="cuda", generator=gen).bfloat16()
+        s["k_pe"] = torch.randn(batch, 64, device="cuda", generator=gen).bfloat16()
+        s["scratch"] = torch.empty(-(-batch // 64), 64, 576, dtype=kv_dt, device="cuda")
+        s["slots"] = torch.arange(batch, dtype=torch.int64, device="cuda")
+        s["q_buf"] = torch.empty(batch, HEADS, 576, dtype=kv_dt, device="cuda")
+        s["out_stock"] = torch.empty(batch, HEADS * 128, dtype=torch.bfloat16, device="cuda")
+        s["fused_q"] = True
 
     def plan(s: dict):
         if fp8:
@@ -245,7 +279,14 @@ def mla_case(batch: int, ctx: int, fp8: bool) -> dict:
     def check_stock() -> str:
         for s in sets:
             s["plan"] = plan(s)  # once per step in vLLM, shared by every MLA layer: not timed
-        _mla_stock(s0, fp8, ctx)
+        try:
+            _mla_stock(s0, fp8, ctx)
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - fall back to torch for the q concat, say so
+            row["q_concat_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            for s in sets:
+                s["fused_q"] = False
+            _mla_stock(s0, fp8, ctx)
         return f"out {rel_err(s0['out_stock'], ref):.1e}"
 
     def check_ours() -> str:
@@ -264,6 +305,48 @@ def mla_case(batch: int, ctx: int, fp8: bool) -> dict:
     return row
 
 
+# ------------------------------------------------------------------ projections
+def proj_case(batch: int, nk: tuple[int, int]) -> dict:
+    import torch
+
+    from backend.k3_decode.ops.gemv import gemv
+    from backend.k3_decode.ops.gemv.timing import sets_for
+    from backend.stock import ops as stock
+
+    (n, k), (name, pick1, pick8) = nk, PROJ[tuple(nk)]
+    pick = pick1 if batch == 1 else pick8
+    row = {"op": f"proj {name} {n}x{k}", "batch": batch, "ctx": "-",
+           "kernels": f"vLLM picks {pick}", "bytes": n * k * 2 + batch * (k + n) * 2}
+    m = sets_for(n * k * 2)
+    ws = [torch.randn(n, k, device="cuda").mul_(0.02).bfloat16() for _ in range(m)]
+    xs = [torch.randn(batch, k, device="cuda").bfloat16() for _ in range(m)]
+    outs = [torch.empty(batch, n, dtype=torch.bfloat16, device="cuda") for _ in range(m)]
+    ref = xs[0].double() @ ws[0].double().T
+    runs = {"ours": lambda i: gemv(xs[i], ws[i], outs[i]),
+            "cuBLAS": lambda i: torch.mm(xs[i], ws[i].t(), out=outs[i])}
+    if "dsv3" in (pick1, pick8):
+        runs["dsv3"] = lambda i: stock.f_b_gemm(xs[i], ws[i], outs[i])
+    other = {}
+    for key, fn in runs.items():
+        def check(fn=fn) -> str:
+            outs[0].fill_(float("nan"))
+            fn(0)
+            return f"out {rel_err(outs[0], ref):.1e}"
+
+        err_key = "err_ours" if key == "ours" else "err_stock" if key == pick else f"err_{key}"
+        guarded(row, err_key, check)
+        if err_key not in row:
+            continue
+        us_key = "ours_us" if key == "ours" else "stock_us" if key == pick else f"{key}_us"
+        guarded(row, us_key, lambda fn=fn: timed([lambda i=i: fn(i) for i in range(m)]))
+        if key not in ("ours", pick) and us_key in row:
+            other[key] = round(row[us_key], 1)
+    if pick == "cute":
+        row["stock_us_error"] = "vLLM's CuTe skinny GEMM is not in the pack"
+    row["other"] = ", ".join(f"{k} {v}" for k, v in other.items())
+    return row
+
+
 # ------------------------------------------------------------------ driver
 def run_family(family: str, rows_path: Path) -> None:
     """Child process: every case of one family, one JSON row per line as soon as it is done."""
@@ -272,8 +355,10 @@ def run_family(family: str, rows_path: Path) -> None:
     from backend.stock import ops as stock
 
     status = stock.load()
-    print(json.dumps({"load": status}), flush=True)
-    fns = {"kda": kda_case, "router": router_case,
+    print(json.dumps({"load": status, "torch": torch.__version__,
+                      "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}),
+          flush=True)
+    fns = {"kda": kda_case, "router": router_case, "proj": proj_case,
            "mla_fp8": lambda b, c: mla_case(b, c, True),
            "mla_bf16": lambda b, c: mla_case(b, c, False)}
     for a, b in CASES[family]:
@@ -296,17 +381,19 @@ def _fmt(row: dict, key: str) -> str:
 
 
 def table(rows: list[dict], ceiling: float | None) -> str:
-    head = ["op", "batch", "ctx", "stock us", "ours us", "stock/ours", "MB", "stock of 4.18",
-            "ours of 4.18", "stock core us", "stock err", "ours err"]
+    head = ["op", "batch", "ctx", "stock kernels", "stock us", "ours us", "stock/ours", "MB",
+            "floor us", "stock of floor", "ours of floor", "stock core us", "other us",
+            "stock err", "ours err"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         ratio = f"{r['stock_us'] / r['ours_us']:.2f}x" if "stock_us" in r and "ours_us" in r \
             else "-"
-        frac = {k: f"{100 * r['bytes'] / (r[k] * 1e-6) / 1e12 / CEILING:.0f}%" if k in r else "-"
-                for k in ("stock_us", "ours_us")}
-        cells = [r["op"], r["batch"], r["ctx"], _fmt(r, "stock_us"), _fmt(r, "ours_us"), ratio,
-                 f"{r.get('bytes', 0) / 1e6:.2f}", frac["stock_us"], frac["ours_us"],
-                 _fmt(r, "core_us"), r.get("err_stock", "NOT RUN"), r.get("err_ours", "NOT RUN")]
+        floor = r.get("bytes", 0) / CEILING / 1e6  # us
+        frac = {k: f"{100 * floor / r[k]:.0f}%" if k in r else "-" for k in ("stock_us", "ours_us")}
+        cells = [r["op"], r["batch"], r["ctx"], r.get("kernels", "-"), _fmt(r, "stock_us"),
+                 _fmt(r, "ours_us"), ratio, f"{r.get('bytes', 0) / 1e6:.2f}", f"{floor:.1f}",
+                 frac["stock_us"], frac["ours_us"], _fmt(r, "core_us"), r.get("other") or "-",
+                 r.get("err_stock", "NOT RUN"), r.get("err_ours", "NOT RUN")]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     reasons = [f"- {r['op']} b{r['batch']} ctx {r['ctx']}: {k}: {v}" for r in rows
                for k, v in r.items() if k.endswith("error")]
@@ -321,9 +408,21 @@ def main() -> int:
     ap.add_argument("--rows", type=Path, help="(with --family) append rows here")
     ap.add_argument("--only", default=",".join(FAMILIES), help="families, comma-separated")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out-stock")))
+    ap.add_argument("--deadline", type=float, default=480.0,
+                    help="seconds for the whole run, the table included")
+    ap.add_argument("--list", action="store_true", help="print the cases and exit")
     args = ap.parse_args()
+    t_end = time.time() + args.deadline
     if args.family:
         run_family(args.family, args.rows)
+        return 0
+    if args.list:
+        for fam in [f for f in args.only.split(",") if f]:
+            if fam not in FAMILIES:
+                print(f"bench_stock_vs_ours: error: unknown family {fam}", file=sys.stderr)
+                return 2
+            for a, b in CASES[fam]:
+                print(f"{fam}: batch {a}, {b}")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     rows_path = args.out / "stock_vs_ours.jsonl"
@@ -337,14 +436,17 @@ def main() -> int:
     for fam in families:
         done = len(rows_path.read_text().splitlines()) if rows_path.exists() else 0
         log = args.out / f"log_{fam}.txt"
+        budget = min(FAMILIES[fam], t_end - time.time() - 25)  # 25 s kept for the table
         with log.open("w") as fh:
             try:
+                if budget < 20:
+                    raise subprocess.TimeoutExpired(fam, 0)
                 rc = subprocess.run([sys.executable, __file__, "--family", fam, "--rows",
                                      str(rows_path)], check=False, stdout=fh,
                                     stderr=subprocess.STDOUT,
-                                    timeout=FAMILIES[fam]).returncode
+                                    timeout=budget).returncode
             except subprocess.TimeoutExpired:
-                rc = f"timeout after {FAMILIES[fam]} s"
+                rc = f"timeout after {max(budget, 0):.0f} s of the run's deadline"
         new = [json.loads(x) for x in rows_path.read_text().splitlines()[done:]] \
             if rows_path.exists() else []
         rows += new
@@ -363,6 +465,9 @@ def main() -> int:
     text = table(rows, ceiling)
     (args.out / "stock_vs_ours.md").write_text(text + "\n")
     print("\nstock vLLM 0.33.0 (Hopper kernels from the wheel) vs ours, 12 heads, TP8 shapes")
+    for fam in families:  # each family's library status, torch and GPU (first log line)
+        first = (args.out / f"log_{fam}.txt").read_text().split("\n", 1)[0]
+        print(f"{fam}: {first[:400]}")
     print(text)
     return 0
 

@@ -11,7 +11,10 @@ DEFAULT_ROOT = "/root/vllm_stock"
 ROOT_ENV = "K3_STOCK_ROOT"
 
 LIBRARIES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "vllm/_C_stable_libtorch.abi3.so": ("_C", ("fused_kda_decode", "dsv3_fused_a_gemm")),
+    "vllm/_C_stable_libtorch.abi3.so": ("_C", (
+        "fused_kda_decode", "dsv3_fused_a_gemm",
+        "fused_kimi_k3_mla_decode_q_concat_kv_cache_insert",
+        "fused_kimi_k3_mla_decode_q_concat_kv_cache_fp8_insert")),
     "vllm/_moe_C_stable_libtorch.abi3.so": ("_moe_C", ("grouped_topk",)),
     "vllm/_flashmla_C.abi3.so": ("_flashmla_C", ()),
     "vllm/_flashmla_extension_C.abi3.so": (

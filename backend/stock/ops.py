@@ -9,7 +9,7 @@ dtypes follow the wheel's callers (paths inside the wheel's ``vllm/``):
 
 - ``kda_decode``: ``_custom_ops.fused_kda_decode`` as ``models/kimi_k3/nvidia/kda.py`` calls it
   (no speculation): x [T, 3HD] bf16 (rows may be strided), raw_g [1, T, H, D] bf16 (the full-rank
-  gate after f_b), raw_beta [1, T, H] bf16, conv weight [3, W, HD] bf16 (``decode_conv1d_weight``),
+  gate after f_b), raw_beta [1, T, H] bf16, conv weight [3, W, HD] fp32 (``decode_conv1d_weight``),
   conv_state passed as ``[slots, C, W-1]`` (the SD cache ``[slots, W-1, C]`` transposed),
   state [slots, H, D, D] fp32, state_indices [T] int32, out [1, T, H, D] bf16, output gate
   [T, H, D] bf16, norm weight [D] fp32.
@@ -18,6 +18,9 @@ dtypes follow the wheel's callers (paths inside the wheel's ``vllm/``):
   (``fused_moe/router/grouped_topk_router.py``), fp32 logits and bias.
 - ``flashmla_fp8_plan`` / ``flashmla_fp8_decode``: ``v1/attention/ops/flashmla.py`` and
   ``backends/mla/flashmla.py``: fp8 query [R, q, H, 576], cache [blocks, 64, 1, 576] fp8.
+- ``mla_q_concat_insert``: ``models/kimi_k3/nvidia/ops/fused_mla_key_concat_kv_cache.py``
+  (``fused_mla_decode_q_concat_kv_cache_insert``): the absorbed query ``[ql_nope | q_pe]`` (fp8
+  with an fp8 cache) and the decode token's latent row into the paged cache, one launch.
 - ``fa3_plan`` / ``fa3_decode``: ``vllm_flash_attn/flash_attn_interface.py`` and
   ``backends/mla/flashattn_mla.py``: q = q_pe, q_v = latent query, k / v = the cache's rope /
   latent columns, paged, causal, ``num_splits`` 32 as vLLM's full-graph default.
@@ -121,7 +124,7 @@ def check_kda(x: torch.Tensor, raw_g: torch.Tensor, raw_beta: torch.Tensor, out_
     for name, ten, dt, shp in (
         ("x", x, bf, (t, 3 * hd)), ("raw_g", raw_g, bf, (t, hd)),
         ("raw_beta", raw_beta, bf, (t, h)),
-        ("out_gate", out_gate, bf, (t, hd)), ("conv_w", conv_w, bf, (3, CONV_WIDTH, hd)),
+        ("out_gate", out_gate, bf, (t, hd)), ("conv_w", conv_w, f32, (3, CONV_WIDTH, hd)),
         ("dt_bias", dt_bias, f32, (hd,)), ("a_log", a_log, f32, (h,)),
         ("norm_w", norm_w, f32, (HEAD_DIM,)),
         ("conv_state", conv_state, bf, (slots, CONV_WIDTH - 1, 3 * hd)),
@@ -250,10 +253,49 @@ def fa3_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     _need(kv_cache.shape[1] % 16 == 0, f"FA3 needs a block size multiple of 16, "
           f"got {kv_cache.shape[1]}")
     _on_cuda(q, kv_cache, block_table, seq_lens, cu_seqlens_q, scheduler_metadata)
-    q_v, q_pe = q[..., :LATENT].contiguous(), q[..., LATENT:].contiguous()
+    q_v, q_pe = q[..., :LATENT], q[..., LATENT:]  # views, as ``forward_mqa``'s torch.split
     res = op("_vllm_fa3_C", "fwd")(
         q_pe, kv_cache[..., LATENT:].unsqueeze(-2), kv_cache[..., :LATENT].unsqueeze(-2), None,
         None, q_v, None, cu_seqlens_q, None, None, None, seq_lens, q_per_request, max_seqlen_k,
         block_table, None, None, None, None, None, None, None, None, softmax_scale, True, -1, -1,
         0.0, True, scheduler_metadata, num_splits, None, 0, None, 1, 0, None)
     return res[0]
+
+
+def mla_q_concat_insert(ql_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor,
+                        k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                        out: torch.Tensor, q_scale_inv: torch.Tensor | None = None,
+                        cache_scale_inv: torch.Tensor | None = None) -> torch.Tensor:
+    """``out = [ql_nope | q_pe]`` (``[T, H, 576]``; fp8 times ``q_scale_inv`` when the cache is
+    fp8) and ``kv_cache[slot_mapping] = [kv_c | k_pe]`` (times ``cache_scale_inv`` when fp8), in
+    one launch; no rope (positions None). ``ql_nope`` may be the transposed view of the W_UK
+    bmm's output, as vLLM passes it."""
+    _need(ql_nope.dim() == 3 and ql_nope.shape[2] == LATENT, "ql_nope must be [T, H, 512]")
+    t, h = ql_nope.shape[:2]
+    fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    _check("ql_nope", ql_nope, torch.bfloat16, (t, h, LATENT))
+    _check("q_pe", q_pe, torch.bfloat16, (t, h, ROPE))
+    _check("kv_c", kv_c, torch.bfloat16, (t, LATENT))
+    _check("k_pe", k_pe, torch.bfloat16, (t, ROPE))
+    _need(kv_cache.dim() == 3, "kv_cache must be [blocks, block_size, 576]")
+    _check("kv_cache", kv_cache, kv_cache.dtype, (kv_cache.shape[0], kv_cache.shape[1],
+                                                 LATENT + ROPE))
+    _need(kv_cache.dtype in (torch.bfloat16, torch.float8_e4m3fn),
+          f"kv_cache must be bf16 or fp8 e4m3, got {kv_cache.dtype}")
+    _check("slot_mapping", slot_mapping, torch.int64, (t,))
+    _check("out", out, torch.float8_e4m3fn if fp8 else torch.bfloat16, (t, h, LATENT + ROPE))
+    _need(out.is_contiguous(), "out must be contiguous")
+    _need(fp8 == (q_scale_inv is not None) == (cache_scale_inv is not None),
+          "q_scale_inv and cache_scale_inv are given exactly when the cache is fp8")
+    _on_cuda(ql_nope, q_pe, kv_c, k_pe, kv_cache, slot_mapping, out)
+    if fp8:
+        for name, sc in (("q_scale_inv", q_scale_inv), ("cache_scale_inv", cache_scale_inv)):
+            _check(name, sc, torch.float32, (1,))
+        op("_C", "fused_kimi_k3_mla_decode_q_concat_kv_cache_fp8_insert")(
+            ql_nope, q_pe, kv_c, k_pe, out, kv_cache, slot_mapping, q_scale_inv,
+            cache_scale_inv, kv_cache.shape[1], None, None)
+    else:
+        op("_C", "fused_kimi_k3_mla_decode_q_concat_kv_cache_insert")(
+            ql_nope, q_pe, kv_c, k_pe, out, kv_cache, slot_mapping, kv_cache.shape[1], None,
+            None)
+    return out

@@ -17,7 +17,7 @@ def kda_args(heads: int = 12, t: int = 2, slots: int = 4) -> dict:
     return {
         "x": torch.zeros(t, 3 * hd, dtype=BF), "raw_g": torch.zeros(t, hd, dtype=BF),
         "raw_beta": torch.zeros(t, heads, dtype=BF), "out_gate": torch.zeros(t, hd, dtype=BF),
-        "conv_w": torch.zeros(3, 4, hd, dtype=BF), "dt_bias": torch.zeros(hd),
+        "conv_w": torch.zeros(3, 4, hd), "dt_bias": torch.zeros(hd),
         "a_log": torch.zeros(heads), "norm_w": torch.zeros(128),
         "conv_state": torch.zeros(slots, 3, 3 * hd, dtype=BF),
         "state": torch.zeros(slots, heads, 128, 128),
@@ -56,7 +56,7 @@ def test_kda_valid_shapes_reach_the_device_check() -> None:
 
 
 @pytest.mark.parametrize("change, msg", [
-    ({"conv_w": torch.zeros(3, 4, 1536)}, "conv_w must be torch.bfloat16"),
+    ({"conv_w": torch.zeros(3, 4, 1536, dtype=BF)}, "conv_w must be torch.float32"),
     ({"conv_state": torch.zeros(4, 3 * 1536, 3, dtype=BF)}, "conv_state must have shape"),
     ({"state_indices": torch.ones(2, 1, dtype=I32)}, "state_indices must have shape"),
     ({"dt_bias": torch.zeros(1536, dtype=BF)}, "dt_bias must be torch.float32"),
@@ -120,3 +120,33 @@ def test_fa3_token_count_must_match_requests() -> None:
 def test_fa3_plan_checks_cu_seqlens() -> None:
     with pytest.raises(stock.StockInputError, match="cu_seqlens_q must have shape"):
         stock.fa3_plan(torch.ones(2, dtype=I32), torch.arange(2, dtype=I32), 1, 12, 64, 64)
+
+
+def q_concat_args(t: int = 2, h: int = 12, fp8: bool = False) -> dict:
+    dt = F8 if fp8 else BF
+    return {"ql_nope": torch.zeros(h, t, 512, dtype=BF).transpose(0, 1),  # bmm's view, strided
+            "q_pe": torch.zeros(t, h, 64, dtype=BF), "kv_c": torch.zeros(t, 512, dtype=BF),
+            "k_pe": torch.zeros(t, 64, dtype=BF), "kv_cache": torch.zeros(4, 64, 576, dtype=dt),
+            "slot_mapping": torch.arange(t), "out": torch.zeros(t, h, 576, dtype=dt),
+            "q_scale_inv": torch.ones(1) if fp8 else None,
+            "cache_scale_inv": torch.ones(1) if fp8 else None}
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_q_concat_valid_shapes_reach_the_device_check(fp8: bool) -> None:
+    with pytest.raises(stock.StockInputError, match="CUDA tensors"):
+        stock.mla_q_concat_insert(**q_concat_args(fp8=fp8))
+
+
+@pytest.mark.parametrize("change, msg", [
+    ({"q_scale_inv": None, "cache_scale_inv": None, "kv_cache": torch.zeros(4, 64, 576, dtype=F8),
+      "out": torch.zeros(2, 12, 576, dtype=F8)}, "exactly when the cache is fp8"),
+    ({"q_scale_inv": torch.ones(1), "cache_scale_inv": torch.ones(1)}, "exactly when"),
+    ({"out": torch.zeros(2, 12, 576, dtype=F8)}, "out must be torch.bfloat16"),
+    ({"slot_mapping": torch.arange(2, dtype=I32)}, "slot_mapping must be torch.int64"),
+    ({"kv_c": torch.zeros(2, 576, dtype=BF)}, "kv_c must have shape"),
+    ({"kv_cache": torch.zeros(4, 64, 576, dtype=F32)}, "bf16 or fp8"),
+])
+def test_q_concat_checks(change: dict, msg: str) -> None:
+    with pytest.raises(stock.StockInputError, match=msg):
+        stock.mla_q_concat_insert(**{**q_concat_args(), **change})
