@@ -69,7 +69,7 @@ def detect_gpus() -> tuple[tuple[GpuInfo, ...], str | None, str | None]:
     return tuple(gpus), driver, cuda
 
 
-ISA_CAP_ENVS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+ISA_CAP_ENVS = ("K3FT_CPU_ISA_CAP", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
 _ISA_PREFIXES = ("avx2", "avx512", "amx")
 
 

@@ -18,7 +18,7 @@ from k3fasttrack.evals.compare import (
     samples_path,
     write_samples,
 )
-from k3fasttrack.evals.datasets import SuiteData
+from k3fasttrack.evals.datasets import DataPaths, load_suite_data
 from k3fasttrack.evals.suite import design, load_suite
 from k3fasttrack.models.evals import EvalsReport
 from k3fasttrack.models.samples import EvalSample
@@ -103,7 +103,7 @@ def _bundle(tmp_path: Path) -> EvalsReport:
         s: {"max_model_len": 2048, "evidence": {"tier": "evals", "side": s}}
         for s in ("baseline", "candidate")
     }
-    data = SuiteData({"test": []}, source="test", sha256="0")
+    data = load_suite_data(suite, DataPaths.from_options({}))
     (result,) = suite_results([("eval_suites/demo/gsm8k.yaml", suite, data, cells)], tmp_path)  # type: ignore[list-item]
     assert result.deviations == (
         "slice: 30 of 1319 documents",

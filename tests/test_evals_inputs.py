@@ -27,7 +27,7 @@ def _write(tmp_path: Path, text: str, name: str = "suite.yaml") -> Path:
 
 def test_every_shipped_suite_loads() -> None:
     names = {load_suite(p).name for p in SUITES_DIR.rglob("*.yaml")}
-    assert names == {"gsm8k", "aime25", "gpqa_diamond", "mrcr"}
+    assert names == {"gsm8k", "aime25", "gpqa_diamond", "mrcr", "mrcr_generated"}
 
 
 def test_unknown_top_level_field_is_named(tmp_path: Path) -> None:

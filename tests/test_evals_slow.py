@@ -76,7 +76,7 @@ def test_both_sides_run_and_compare(first_run: tuple[Path, Any]) -> None:
     # PASS (and never FAIL between identical servers)
     assert report.status in ("PASS", "INCOMPLETE"), report.reason
     assert report.status == "PASS" or report.reason.startswith("inconclusive: ")
-    assert [r.suite for r in report.suites] == ["gpqa_diamond", "mrcr"]
+    assert [r.suite for r in report.suites] == ["gpqa_diamond", "mrcr_generated"]
     for r, n in zip(report.suites, (4, 3), strict=True):
         assert r.comparison.n == n and r.prompt_mismatches == 0
         assert r.max_model_len == 2048
@@ -90,9 +90,15 @@ def test_both_sides_run_and_compare(first_run: tuple[Path, Any]) -> None:
         assert any(d.startswith("slice:") for d in r.deviations)
     assert "switch_only_difference" in [c.name for c in report.checks]
     assert SPEC.recompute(report, out) == []
+    # provenance: labels from the file digests, the suite files' bytes kept, GPQA text redacted
+    assert [r.data_label for r in report.suites] == ["synthetic", "generated"]
+    assert [f.name for f in report.suites[0].data_files] == ["SYNTHETIC_gpqa_dataset.zip"]
+    assert all(s.output.startswith("[redacted] extracted=")
+               for s in read_samples(out, report.suites[0].samples["candidate"]))
+    assert {r.suite_copy for r in report.suites} <= set(report.raw_files)
     assert set(report.raw_files) >= {
-        "evals/mrcr/baseline.jsonl",
-        "evals/mrcr/candidate.lm_eval_results.json",
+        "evals/mrcr_generated/baseline.jsonl",
+        "evals/mrcr_generated/candidate.lm_eval_results.json",
     }
 
 
@@ -162,4 +168,4 @@ def test_candidate_killed_mid_suite(pair: ServerPair, tmp_path: Path) -> None:
         assert (out / f"cells/evals-{cell}.json").is_file()
     assert not (out / "cells/evals-mrcr-candidate.json").exists()
     assert (out / "cells/evals-mrcr-candidate.running").exists()
-    assert not (out / "evals/mrcr/candidate.jsonl").exists()
+    assert not (out / "evals/mrcr_generated/candidate.jsonl").exists()

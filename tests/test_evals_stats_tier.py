@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from k3fasttrack.evals.compare import samples_path, write_samples
-from k3fasttrack.evals.datasets import SuiteData
+from k3fasttrack.evals.datasets import DataPaths, load_suite_data
 from k3fasttrack.evals.suite import SUITES_DIR, SuiteError, load_suite
 from k3fasttrack.models.evals import EvalsReport
 from k3fasttrack.models.samples import EvalSample
@@ -36,8 +36,8 @@ def _tier(bundle: Path, scores: dict[str, tuple[list[float], list[float]]]) -> E
         _write(bundle, name, "candidate", cand)
         cells = {s: {"max_model_len": 2048, "evidence": {"side": s}}
                  for s in ("baseline", "candidate")}
-        done.append((DEMO[name], load_suite(DEMO[name]),
-                     SuiteData({"test": []}, source="test", sha256="0"), cells))
+        suite = load_suite(DEMO[name])
+        done.append((DEMO[name], suite, load_suite_data(suite, DataPaths.from_options({})), cells))
     results = suite_results(done, bundle)  # type: ignore[arg-type]
     return _report(results, [], None, None, [], [], len(done))
 

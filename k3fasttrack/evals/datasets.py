@@ -14,13 +14,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from k3fasttrack.errors import UsageError
-from k3fasttrack.evals import gpqa, mrcr
 from k3fasttrack.data import DATA_DIR
+from k3fasttrack.evals import gpqa, mrcr
+from k3fasttrack.evals.provenance import DataFile, DataLabel, file_record, label
 from k3fasttrack.evals.suite import REPO_ROOT, GpqaZipData, JsonlData, MrcrData, Suite
 
 
@@ -59,12 +60,25 @@ class DataPaths:
 
 @dataclass(frozen=True)
 class SuiteData:
-    """Documents per split, a digest of them, and how the data departs from the official set."""
+    """Documents per split, a digest of them, the files they were read from, their provenance
+    label, and how the data departs from the official set."""
 
     splits: dict[str, list[dict[str, Any]]]
     source: str
     sha256: str
     deviations: tuple[str, ...] = field(default=())
+    files: tuple[DataFile, ...] = field(default=())
+    label: DataLabel = "unverified"
+    label_reason: str = ""
+
+    @classmethod
+    def of(cls, splits: dict[str, list[dict[str, Any]]], source: str,
+           files: tuple[DataFile, ...], *, generated: bool = False,
+           deviations: tuple[str, ...] = ()) -> SuiteData:
+        """The data with its digest and the provenance label its files give."""
+        lab, why = label(files, generated=generated)
+        return cls(splits, source=source, sha256=_digest(splits), deviations=deviations,
+                   files=files, label=lab, label_reason=why)
 
 
 def _digest(splits: dict[str, list[dict[str, Any]]]) -> str:
@@ -88,12 +102,20 @@ def _load_jsonl(suite: Suite, spec: JsonlData, paths: DataPaths) -> SuiteData:
     if not paths.datasets.is_dir():
         raise DatasetError(f"suite {suite.name}: datasets folder not found: {paths.datasets}")
     splits: dict[str, list[dict[str, Any]]] = {}
+    files: list[DataFile] = []
     for split, rel in spec.files.items():
         path = paths.datasets / rel
         if not path.is_file():
             raise DatasetError(f"suite {suite.name}: dataset file not found: {path}")
         splits[split] = _read_jsonl(path)
-    return SuiteData(splits, source=f"jsonl under {paths.datasets}", sha256=_digest(splits))
+        files.append(file_record(path, rel))
+    data = SuiteData.of(splits, f"jsonl under {paths.datasets}", tuple(files))
+    if spec.official and data.label != "official":
+        raise DatasetError(
+            f"suite {suite.name} declares the official set, but {data.label_reason} "
+            f"(under {paths.datasets}); give the official files or a suite without official: true"
+        )
+    return data
 
 
 def _load_gpqa(suite: Suite, spec: GpqaZipData, paths: DataPaths) -> SuiteData:
@@ -110,10 +132,11 @@ def _load_gpqa(suite: Suite, spec: GpqaZipData, paths: DataPaths) -> SuiteData:
     rows = gpqa.read_gpqa_rows(zip_path, password, spec.member)
     docs = gpqa.to_docs(rows, spec.shuffle_seed)
     splits = {"train": docs}
-    devs: tuple[str, ...] = ()
-    if "SYNTHETIC" in zip_path.name.upper():
-        devs = (f"data: synthetic GPQA file {zip_path.name} (test fixture), not the official set",)
-    return SuiteData(splits, source=f"zip {zip_path}", sha256=_digest(splits), deviations=devs)
+    data = SuiteData.of(splits, f"zip {zip_path}", (file_record(zip_path, zip_path.name),))
+    if data.label == "synthetic" or "SYNTHETIC" in zip_path.name.upper():
+        dev = f"data: synthetic GPQA file {zip_path.name} (test fixture), not the official set"
+        return replace(data, deviations=(dev,))
+    return data
 
 
 def _load_mrcr(suite: Suite, spec: MrcrData, paths: DataPaths) -> SuiteData:
@@ -123,8 +146,8 @@ def _load_mrcr(suite: Suite, spec: MrcrData, paths: DataPaths) -> SuiteData:
                 f"suite {suite.name}: needs the MRCR parquet folder (give --mrcr-dir)"
             )
         rows = mrcr.read_parquet(paths.mrcr_dir, n_needles=spec.n_needles, max_chars=spec.max_chars)
-        splits = {"test": rows}
-        return SuiteData(splits, source=f"parquet under {paths.mrcr_dir}", sha256=_digest(splits))
+        files = tuple(file_record(p, p.name) for p in sorted(paths.mrcr_dir.glob("*.parquet")))
+        return SuiteData.of({"test": rows}, f"parquet under {paths.mrcr_dir}", files)
     n = suite.limit or suite.full_size
     rows = mrcr.generate(
         n, seed=spec.seed, context_tokens=spec.context_tokens, n_needles=spec.n_needles
@@ -135,7 +158,7 @@ def _load_mrcr(suite: Suite, spec: MrcrData, paths: DataPaths) -> SuiteData:
         f"data: MRCR-format data generated from seed {spec.seed} (contexts ~{sizes} tokens, "
         f"{spec.n_needles} needles), not the official parquet"
     )
-    return SuiteData(splits, source="generated", sha256=_digest(splits), deviations=(dev,))
+    return SuiteData.of(splits, "generated", (), generated=True, deviations=(dev,))
 
 
 def load_suite_data(suite: Suite, paths: DataPaths) -> SuiteData:

@@ -35,6 +35,16 @@ def _output_text(sample: dict[str, Any]) -> str:
     return str(first[0] if isinstance(first, list) else first)
 
 
+def _redacted_output(sample: dict[str, Any]) -> str:
+    """GPQA: the answer lm-eval's filter extracted and the sha256 of the full output, never the
+    output text (it may quote the question, which GPQA's authors ask not to publish)."""
+    filtered = sample.get("filtered_resps") or [""]
+    first = filtered[0]
+    answer = str(first[0] if isinstance(first, list) and first else first)
+    digest = hashlib.sha256(_output_text(sample).encode()).hexdigest()
+    return f"[redacted] extracted={answer[:16]!r} sha256={digest}"
+
+
 def normalise(suite: Suite, side: Side, raw: list[dict[str, Any]]) -> list[EvalSample]:
     """One ``EvalSample`` per document from lm-eval's sample records (the suite's filter only)."""
     metric, filt = suite.score.metric, suite.score.filter
@@ -51,8 +61,9 @@ def normalise(suite: Suite, side: Side, raw: list[dict[str, Any]]) -> list[EvalS
                 doc_id=str(s["doc_id"]),
                 score=float(s[metric]),
                 prompt_sha256=hashlib.sha256(_prompt_text(s).encode()).hexdigest(),
-                output=_output_text(s),
                 # GPQA's authors ask that questions not be posted in plain text: hash only.
+                output=(_redacted_output(s) if suite.data.kind == "gpqa_zip"
+                        else _output_text(s)),
                 prompt=None if suite.data.kind == "gpqa_zip" else _prompt_text(s),
             )
         )

@@ -33,6 +33,9 @@ class JsonlData(Record):
     kind: Literal["jsonl"]
     files: dict[str, str]
     """Split name (as the lm-eval task calls it: ``test``, ``train``) -> file."""
+    official: bool = False
+    """The suite claims the public release: every file's sha256 must be a pinned official
+    digest (``evals/provenance.py``), else the run stops with one line before any request."""
 
 
 class GpqaZipData(Record):
@@ -190,6 +193,11 @@ def load_suite(ref: str | Path) -> Suite:
 def suite_digest(ref: str | Path) -> str:
     """sha256 of the suite file's bytes (recorded in the report)."""
     return hashlib.sha256(resolve_suite_path(ref).read_bytes()).hexdigest()
+
+
+def suite_copy_path(name: str) -> str:
+    """Where the bundle keeps the bytes of the suite file that ran."""
+    return f"evals/{name}/suite.yaml"
 
 
 def suite_relpath(ref: str | Path) -> str:

@@ -23,6 +23,19 @@ from k3fasttrack.stats.models import (
 )
 
 
+DataLabel = Literal["official", "synthetic", "generated", "unverified"]
+"""Where a suite's documents came from, decided by file digests (``evals/provenance.py``)."""
+
+
+class DataFile(Record):
+    """One input file a suite read, as the bundle records it."""
+
+    name: str
+    """The file's name relative to where it was found (``gsm8k/test.jsonl``, a zip's name)."""
+    sha256: str
+    bytes: int
+
+
 class EvalsConfig(Record):
     """Which suite files to run (paths relative to the repository root, e.g.
     ``eval_suites/demo/gsm8k.yaml``; a bare name ``gsm8k`` means ``eval_suites/gsm8k.yaml``)."""
@@ -38,6 +51,12 @@ class SuiteResult(Record):
     """Repository-relative path of the suite file that declared the settings and the rule."""
     suite_sha256: str
     """Digest of the suite file as read before the run."""
+    suite_copy: str | None = None
+    """Bundle-relative path of that file's bytes (``evals/<suite>/suite.yaml``)."""
+    data_label: DataLabel | None = None
+    """official / synthetic / generated / unverified, derived from ``data_files``' digests."""
+    data_files: tuple[DataFile, ...] = ()
+    """Every input file the suite's documents were read from, with its sha256."""
     task: str
     """The lm-eval task file it reused (``gsm8k/gsm8k.yaml``), or ``k3ft:mrcr``."""
     metric: str

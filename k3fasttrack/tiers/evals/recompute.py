@@ -3,12 +3,22 @@ logs in the bundle (the Holm correction runs over the report's suites, as it did
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from k3fasttrack.evals.compare import Judged, Paired, compare_sides, judge, read_samples
-from k3fasttrack.evals.suite import design, load_suite, suite_digest
+from k3fasttrack.evals.provenance import label
+from k3fasttrack.evals.suite import (
+    GpqaZipData,
+    JsonlData,
+    MrcrData,
+    SuiteError,
+    design,
+    load_suite,
+    suite_digest,
+)
 from k3fasttrack.models.base import TierStatus
 from k3fasttrack.models.evals import EvalsReport, SuiteResult
 from k3fasttrack.models.plan import Plan
@@ -95,6 +105,34 @@ def _declared(result: SuiteResult) -> str:
     return ""
 
 
+def _provenance(result: SuiteResult, bundle_dir: Path) -> list[str]:
+    """The suite file's copy has the recorded digest, and the data label is the one the recorded
+    file digests (and, for generated data, the copied suite file) give."""
+    if result.suite_copy is None:
+        return []
+    copy = bundle_dir / result.suite_copy
+    if not copy.is_file():
+        return [f"{result.suite}: the suite file copy {result.suite_copy} is missing"]
+    if hashlib.sha256(copy.read_bytes()).hexdigest() != result.suite_sha256:
+        return [f"{result.suite}: the suite file copy does not have the recorded sha256"]
+    try:
+        data = load_suite(copy).data
+    except SuiteError as exc:
+        return [f"{result.suite}: the copied suite file does not load: {exc}"]
+    generated = isinstance(data, MrcrData) and data.source == "generated" and not result.data_files
+    want, why = label(result.data_files, generated=generated)
+    problems = []
+    if result.data_label is not None and result.data_label != want:
+        problems.append(f"{result.suite}: data label recomputes to {want} ({why}), report says "
+                        f"{result.data_label}")
+    if isinstance(data, JsonlData) and data.official and want != "official":
+        problems.append(f"{result.suite}: the suite declares the official set, its files are "
+                        f"{want} ({why})")
+    if isinstance(data, GpqaZipData | JsonlData) and not result.data_files:
+        problems.append(f"{result.suite}: no input file digest recorded")
+    return problems
+
+
 def _planned_suites(report: EvalsReport, bundle_dir: Path) -> list[str]:
     """Every suite plan.json planned has its result in the report, and no other."""
     plan_path = bundle_dir / "plan.json"
@@ -121,6 +159,7 @@ def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
     problems = [p for p in problems if p]
     for result, (again, judged) in zip(report.suites, rejudge(report, bundle_dir), strict=True):
         problems.extend(_one(result, again, judged))
+        problems.extend(_provenance(result, bundle_dir))
     if report.status == "PASS" and any(r.result != "PASS" for r in report.suites):
         problems.append("status PASS although a suite did not pass")
     return problems

@@ -31,6 +31,8 @@ from k3fasttrack.evals.suite import (
     budget_deviations,
     design,
     load_suite,
+    resolve_suite_path,
+    suite_copy_path,
     suite_digest,
     suite_relpath,
 )
@@ -167,6 +169,9 @@ def suite_result(
         suite=suite.name,
         suite_file=suite_relpath(ref),
         suite_sha256=suite_digest(ref),
+        suite_copy=suite_copy_path(suite.name),
+        data_label=data.label,
+        data_files=data.files,
         task=suite.task.lm_eval or f"k3ft:{suite.task.builtin}",
         metric=f"{suite.score.metric}/{suite.score.filter}",
         api=suite.api,
@@ -198,6 +203,9 @@ def suite_results(done: list[Finished], bundle_dir: Path) -> list[SuiteResult]:
     """Every finished suite's record, gated together (Holm across them)."""
     paired = [suite_paired(suite, bundle_dir) for _, suite, _, _ in done]
     judged = judge(paired)
+    for ref, suite, _, _ in done:
+        write_bytes_atomic(bundle_dir / suite_copy_path(suite.name),
+                           resolve_suite_path(ref).read_bytes())
     return [suite_result(ref, suite, data, cells, p, j)
             for (ref, suite, data, cells), p, j in zip(done, paired, judged, strict=True)]
 
@@ -273,6 +281,7 @@ def _report(
             )
         )
     raw = [p for r in results for p in (*r.samples.values(), *r.lm_eval_results.values())]
+    raw += [r.suite_copy for r in results if r.suite_copy]
     raw += [FAILURE_LOG] if log_tail else []
     provisional = EvalsReport(
         status="PASS" if infra is None else "INCOMPLETE",
