@@ -9,6 +9,13 @@ enabled, every forward goes through ``DecodeRoute``: a pure decode step (every r
 query token; uniform verify steps too) runs our executor's ``decode_step`` in place on vLLM's
 live caches and ``compute_logits`` returns the executor's logits for it; prefill and mixed steps
 run ``super().forward`` / ``super().compute_logits``. Each step's decision is in the trace.
+
+Independently of the trace, every step the executor completed counts in two Prometheus counters
+of the engine process, ``k3ft:executor_decode_steps_total`` and
+``k3ft:executor_decode_tokens_total`` (created only when the route is built: stock vLLM never
+defines them). With ``PROMETHEUS_MULTIPROC_DIR`` set, the API server's ``/metrics`` shows them
+(vLLM reads every process's counters from that folder), so the proof tier reads them through
+the server, not through the trace file.
 """
 
 from __future__ import annotations
@@ -24,6 +31,23 @@ from backend.k3_decode import selection
 from backend.k3_decode.adapter.hf_config import k3_config_from_hf
 from backend.k3_decode.adapter.route import DecodedStep, DecodeRoute
 from backend.k3_decode.trace import get_writer
+
+
+EXECUTOR_STEPS = "k3ft:executor_decode_steps"
+EXECUTOR_TOKENS = "k3ft:executor_decode_tokens"
+"""Prometheus counter names (exposed with the ``_total`` suffix)."""
+_COUNTERS: list[Any] = []
+
+
+def executor_counters() -> tuple[Any, Any]:
+    """The engine process's (steps, tokens) counters of executor-run decode steps, made once."""
+    if not _COUNTERS:
+        from prometheus_client import Counter
+
+        _COUNTERS.extend((
+            Counter(EXECUTOR_STEPS, "Decode steps the K3 decode executor ran in this engine"),
+            Counter(EXECUTOR_TOKENS, "Tokens the K3 decode executor decoded in this engine")))
+    return _COUNTERS[0], _COUNTERS[1]
 
 
 def _num_speculative_tokens(vllm_config: Any) -> int:
@@ -55,6 +79,7 @@ class K3DecodeForCausalLM(KimiLinearForCausalLM):
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.k3_route = make_route(self, vllm_config)
+        self._k3_counters = executor_counters() if self.k3_route is not None else None
         self._k3_pending: DecodedStep | None = None
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
@@ -68,6 +93,9 @@ class K3DecodeForCausalLM(KimiLinearForCausalLM):
             step = route.forward(input_ids, positions, get_forward_context().attn_metadata)
             if step is not None:
                 self._k3_pending = step
+                if self._k3_counters is not None:
+                    self._k3_counters[0].inc()
+                    self._k3_counters[1].inc(int(step.hidden.shape[0]))
                 return step.hidden
         return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds,
                                **kwargs)

@@ -1,6 +1,7 @@
 """The main job end to end: `k3ft validate` on the embedded cpu-demo profile starts two real
 vLLM CPU servers (SmolLM2-135M-Instruct; the candidate adds n-gram speculative decoding), runs
-the four eval suites through real lm-eval, the feature checks, a real perf sweep through
+the token-level agreement gate (three arms: baseline, baseline restarted, candidate), the four
+eval suites through real lm-eval, the feature checks, a real perf sweep through
 `vllm bench serve`, and the proof tier, then signs the bundle. One run serves every test here.
 A second, smaller run kills the candidate server mid-suite and resumes."""
 
@@ -41,8 +42,12 @@ def test_demo_runs_every_built_tier_and_signs(demo) -> None:
     assert proc.returncode in (0, 1, 4), proc.stderr[-3000:]
     result = json.loads(proc.stdout)["result"]
     tiers = {t["tier"]: t for t in result["tiers"]}
-    assert set(tiers) == {"isolation", "evals", "features", "perf", "proof"}
+    assert set(tiers) == {"isolation", "tokens", "evals", "features", "perf", "proof"}
     assert tiers["isolation"]["status"] == "NOT_RUN"  # no --repo/--base given
+    # the token gate works at zero accuracy: it judges, calibrated on the A/A arm
+    assert tiers["tokens"]["status"] in ("PASS", "FAIL", "INCOMPLETE"), tiers["tokens"]
+    if tiers["tokens"]["status"] == "INCOMPLETE":
+        assert tiers["tokens"]["reason"].startswith("inconclusive: ")
     for tier in ("features", "perf", "proof"):
         assert tiers[tier]["status"] in ("PASS", "FAIL"), tiers[tier]
     # the 135M demo model scores at floor or chance: its suites are inconclusive, never PASS
@@ -72,6 +77,15 @@ def test_demo_bundle_holds_raw_samples_and_plots(demo) -> None:
     for plot in perf["plots"]:
         assert (bundle / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(perf["plots"]) >= 2
+    tokens = json.loads((bundle / "reports/tokens.json").read_text())
+    assert [g["name"] for g in tokens["gates"]] == ["confident_divergence", "kl", "identity_rate"]
+    assert [c["arm"] for c in tokens["comparisons"]] == ["b2", "c"]
+    assert tokens["thresholds"]["confident_margin"] >= tokens["config"]["confident_margin_floor"]
+    for arm in ("b1", "b2", "c"):
+        rows = (bundle / f"tokens/{arm}.jsonl").read_text().splitlines()
+        assert len(rows) == tokens["config"]["prompts"]
+        row = json.loads(rows[0])
+        assert len(row["token_ids"]) == tokens["config"]["max_tokens"] == len(row["top_ids"])
     evals = json.loads((bundle / "reports/evals.json").read_text())
     deviations = json.dumps(evals)
     assert "synthetic" in deviations.lower()  # GPQA ran on the synthetic fixture, said so
@@ -82,7 +96,7 @@ def test_demo_proof_saw_the_candidate_path_in_every_tier(demo) -> None:
     proof = json.loads((tmp / "run/bundle/reports/proof.json").read_text())
     assert proof["status"] == "PASS", proof["reason"]
     text = json.dumps(proof)
-    for tier in ("evals", "features", "perf"):
+    for tier in ("tokens", "evals", "features", "perf"):
         assert tier in text
 
 

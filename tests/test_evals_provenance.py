@@ -102,3 +102,11 @@ def test_gpqa_samples_keep_the_extracted_answer_and_a_hash_never_the_text() -> N
     assert got.prompt is None and secret not in got.output
     digest = hashlib.sha256(f"{secret}. Answer: (C)".encode()).hexdigest()
     assert got.output == f"[redacted] extracted='(C)' sha256={digest}"
+
+
+def test_the_summary_row_shows_the_label(tmp_path: Path) -> None:
+    from k3fasttrack.summary.tables import evals as evals_table
+
+    report = _report_for(tmp_path)
+    rows = [line for line in evals_table(report.model_dump(mode="json")) if "| gsm8k" in line]
+    assert len(rows) == 1 and "| official |" in rows[0]

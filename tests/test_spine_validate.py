@@ -141,7 +141,7 @@ def test_dry_run_prints_plan(env) -> None:
     assert proc.returncode == 0
     plan = json.loads(proc.stdout)["result"]["plan"]
     assert plan["profile"] == "cpu-demo" and plan["tp"] == 1
-    assert plan["tiers"] == ["isolation", "evals", "features", "perf", "proof"]
+    assert plan["tiers"] == ["isolation", "tokens", "evals", "features", "perf", "proof"]
 
 
 def test_help_documents_exit_codes() -> None:

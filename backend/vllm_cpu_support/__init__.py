@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -147,13 +148,21 @@ def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "") == "1"
 
 
+LOG_MARK = "k3ft-cpu-test-support: "
+"""Prefix of the one JSON line ``install`` writes to stderr (the server log): the toolkit records
+the replaced ops from it (``k3fasttrack.serving.effective.parse_test_support``)."""
+
+
 def install() -> list[str]:
-    """Add the import hook (once) and patch the target modules already imported; returns the
-    replaced targets."""
+    """Add the import hook (once) and patch the target modules already imported; log the
+    replaced targets to stderr (one JSON line per process) and return them."""
     if not _INSTALLED:
         for name, patch in PATCHES.items():
             if name in sys.modules:
                 patch(sys.modules[name])
         sys.meta_path.insert(0, _Finder())
         _INSTALLED.extend(t for t, _, _ in REPLACED_OPS)
+        line = {"replaced_ops": list(_INSTALLED),
+                "why": {t: why for t, _, why in REPLACED_OPS}}
+        print(LOG_MARK + json.dumps(line, sort_keys=True), file=sys.stderr, flush=True)
     return list(_INSTALLED)

@@ -95,7 +95,8 @@ def _dry_run(plan: Plan, ready: Readiness, as_json: bool) -> None:
 
 def validate_command(
     profile: Annotated[str | None, typer.Option(
-        help="Profile name (cpu-demo, k3-hopper, vllm-k3-gb300) or a YAML path.")] = None,
+        help="Profile name (cpu-demo, cpu-k3, k3-hopper, k3-hopper-perf, vllm-k3-gb300) or a "
+             "YAML path.")] = None,
     tp: Annotated[int | None, typer.Option(min=1, help="Tensor-parallel size (default: the "
                                            "profile's smallest).")] = None,
     out: Annotated[Path | None, typer.Option(help="Run folder (default runs/<profile>-tp<N>-"

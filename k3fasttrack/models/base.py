@@ -8,8 +8,9 @@ from pydantic import BaseModel, ConfigDict
 
 SCHEMA_VERSION: Literal[1] = 1
 
-TierName = Literal["isolation", "proof", "kernels", "evals", "features", "perf"]
-TIER_ORDER: tuple[TierName, ...] = ("isolation", "proof", "kernels", "evals", "features", "perf")
+TierName = Literal["isolation", "proof", "kernels", "tokens", "evals", "features", "perf"]
+TIER_ORDER: tuple[TierName, ...] = ("isolation", "proof", "kernels", "tokens", "evals", "features",
+                                   "perf")
 
 TierStatus = Literal["PASS", "FAIL", "INCOMPLETE", "NOT_RUN"]
 """PASS/FAIL come only from checks that ran; INCOMPLETE: started but not finished;

@@ -14,6 +14,7 @@ from k3fasttrack.models.kernels import KernelsConfig
 from k3fasttrack.models.perf import PerfConfig
 from k3fasttrack.models.proof import ProofConfig
 from k3fasttrack.models.serving import ServingConfig
+from k3fasttrack.models.tokens import TokensConfig
 
 GpuFamily = Literal["cpu", "sm_90a", "sm_100a", "sm_103a"]
 
@@ -46,6 +47,7 @@ class Profile(Artefact):
     isolation: IsolationConfig = Field(default_factory=IsolationConfig)
     proof: ProofConfig = Field(default_factory=ProofConfig)
     kernels: KernelsConfig = Field(default_factory=KernelsConfig)
+    tokens: TokensConfig = Field(default_factory=TokensConfig)
     evals: EvalsConfig = Field(default_factory=EvalsConfig)
     features: FeaturesConfig = Field(default_factory=FeaturesConfig)
     perf: PerfConfig = Field(default_factory=PerfConfig)

@@ -9,7 +9,8 @@ from pydantic import Field
 from k3fasttrack.models.base import Record
 from k3fasttrack.models.tier import TierReportBase
 
-ProofSignal = Literal["spec_decode_counters", "selection_trace", "kernel_names"]
+ProofSignal = Literal["spec_decode_counters", "selection_trace", "kernel_names",
+                      "executor_counters"]
 EvidenceSide = Literal["baseline", "candidate", "both"]
 
 
@@ -41,6 +42,9 @@ class PathEvidence(Record):
     """Server side -> counters the server does not expose at all."""
     source: str | None = None
     """Bundle-relative file the evidence came from (profiler trace, selection trace), if any."""
+    companions: tuple[PathEvidence, ...] = ()
+    """Windows of other signals taken over the same span (e.g. the selection trace and the
+    executor's counters beside vLLM's counters); the proof tier judges each by its signal."""
 
 
 class TierProof(Record):

@@ -13,9 +13,11 @@ from k3fasttrack.models.isolation import IsolationReport
 from k3fasttrack.models.kernels import KernelsReport
 from k3fasttrack.models.perf import PerfReport
 from k3fasttrack.models.proof import ProofReport
+from k3fasttrack.models.tokens import TokensReport
 
 TierReport = Annotated[
-    Union[IsolationReport, ProofReport, KernelsReport, EvalsReport, FeaturesReport, PerfReport],
+    Union[IsolationReport, ProofReport, KernelsReport, TokensReport, EvalsReport, FeaturesReport,
+          PerfReport],
     Field(discriminator="tier"),
 ]
 TIER_REPORT_ADAPTER: TypeAdapter[TierReport] = TypeAdapter(TierReport)

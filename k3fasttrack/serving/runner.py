@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +34,12 @@ SERVER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCA
 RECORDED_ENV = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
 """Recorded as ``env.*`` when the caller sets them (ISA caps, the same for both servers)."""
 PROBE_ENV = "K3FT_PROBE_OUT"
+TRACE_ENV = "K3_DECODE_TRACE"
+"""The K3 decode backend's selection-trace path (``{pid}``: the writing process's id)."""
+TRACE_FLUSH_ENV = "K3_DECODE_TRACE_FLUSH_EVERY"
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+"""prometheus_client's multiprocess folder: every process of the server writes its counters
+there and vLLM's ``/metrics`` then reads them all (``vllm/v1/metrics/prometheus.py``)."""
 SERVICE_NAME = "servers"
 PAIR_RECORD = "servers/pair.json"
 
@@ -120,16 +128,26 @@ class ServerPair:
                     log = srv.log_path.relative_to(bundle_dir).as_posix()
             return ServerRecord(side=side, mode="started" if srv.process else "attached",
                                 url=srv.url, model_name=srv.model_name, argv=srv.argv,
-                                log_file=log, effective=srv.effective_config())
+                                log_file=log, effective=srv.effective_config(),
+                                env=srv.env_record, replaced_ops=srv.replaced_ops(),
+                                selection_startup=srv.selection_startup())
         return ServingRecord(baseline=one("baseline", self.baseline),
                              candidate=one("candidate", self.candidate),
                              switch=self.switch_check())
 
     def close(self) -> None:
-        """Stop started servers (process group: SIGTERM, then SIGKILL); attached ones are left alone."""
+        """Stop started servers (process group: SIGTERM, then SIGKILL); attached ones are left
+        alone. Their Prometheus folders are removed."""
         for _, srv in self.sides():
-            if srv.process is not None:
-                process.stop(srv.process)
+            stop_server(srv)
+
+
+def stop_server(srv: Server) -> None:
+    """Stop a started server (process group) and remove its Prometheus folder."""
+    if srv.process is not None:
+        process.stop(srv.process)
+    if srv.metrics_dir is not None:
+        shutil.rmtree(srv.metrics_dir, ignore_errors=True)
 
 
 def server_argv(model: str, port: int, serving: ServingConfig, extra: tuple[str, ...]) -> list[str]:
@@ -183,11 +201,25 @@ def start_pair(serving: ServingConfig, log_dir: Path, *,
             _ready(srv, timeout)
     except BaseException:
         for srv in servers:
-            if srv.process is not None:
-                process.stop(srv.process)
+            stop_server(srv)
         raise
     return ServerPair(baseline=servers[0], candidate=servers[1], switch_args=switch,
                       mode="started", placement=placement)
+
+
+def start_server(side: Side, serving: ServingConfig, log_dir: Path, *,
+                 extra: tuple[str, ...] = (), cores: tuple[int, ...] = (),
+                 timeout_s: float | None = None) -> Server:
+    """Start one more server like the pair's ``side`` (same command line but the port, same
+    environment; ``extra``: its switch) and wait until it is ready. Stop it with
+    ``stop_server``; on a start-up failure it is stopped before the error propagates."""
+    srv = _spawn_one(side, resolve_model(serving.model), serving, extra, log_dir, cores)
+    try:
+        _ready(srv, serving.startup_timeout_s if timeout_s is None else timeout_s)
+    except BaseException:
+        stop_server(srv)
+        raise
+    return srv
 
 
 def _placement() -> dict[str, tuple[int, ...]]:
@@ -198,6 +230,22 @@ def _placement() -> dict[str, tuple[int, ...]]:
     return {"baseline": halves[0], "candidate": halves[1]}
 
 
+def side_env(side: Side, serving: ServingConfig, log_dir: Path) -> tuple[dict[str, str],
+                                                                         dict[str, str]]:
+    """The variables the runner sets for one server, and the same as recorded: per-side paths
+    (selection trace, Prometheus folder) as templates, so that both sides record one text."""
+    real: dict[str, str] = dict(serving.env)
+    shown: dict[str, str] = dict(serving.env)
+    if serving.selection_trace:
+        real[TRACE_ENV] = str(log_dir / f"{side}.trace.{{pid}}.jsonl")
+        shown[TRACE_ENV] = "<servers>/{side}.trace.{pid}.jsonl"
+        real[TRACE_FLUSH_ENV] = shown[TRACE_FLUSH_ENV] = "1"
+    if serving.engine_metrics:
+        real[METRICS_DIR_ENV] = tempfile.mkdtemp(prefix=f"k3ft-prometheus-{side}-")
+        shown[METRICS_DIR_ENV] = "<fresh empty folder per side>"
+    return real, shown
+
+
 def _spawn_one(side: Side, model: str, serving: ServingConfig, extra: tuple[str, ...],
                log_dir: Path, cores: tuple[int, ...] = ()) -> Server:
     port = process.free_port()
@@ -205,6 +253,8 @@ def _spawn_one(side: Side, model: str, serving: ServingConfig, extra: tuple[str,
     env = dict(os.environ)
     set_here = {k: v for k, v in SERVER_ENV.items() if k not in env}
     env.update(set_here)
+    real, recorded = side_env(side, serving, log_dir)
+    env.update(real)
     if cores:  # vLLM's OpenMP threads on the same cores as the process (not its auto choice)
         env[calibration.BIND_ENV] = ",".join(str(c) for c in cores)
     probe = log_dir / f"{side}.probe.json"
@@ -214,9 +264,16 @@ def _spawn_one(side: Side, model: str, serving: ServingConfig, extra: tuple[str,
     proc = process.spawn(argv, log_path, env, cores)
     shown = {f"env.{k}": env[k] for k in sorted(SERVER_ENV)}
     shown.update({f"env.{k}": env[k] for k in RECORDED_ENV if env.get(k)})
+    shown.update({f"env.{k}": v for k, v in recorded.items()})
     return Server(side=side, url=f"http://127.0.0.1:{port}", process=proc, log_path=log_path,
                   argv=tuple(argv), probe_path=probe, extra_effective=shown,
-                  request_timeout_s=serving.request_timeout_s)
+                  request_timeout_s=serving.request_timeout_s,
+                  trace_glob=(str(log_dir / f"{side}.trace.*.jsonl")
+                              if serving.selection_trace else None),
+                  metrics_dir=real.get(METRICS_DIR_ENV) if serving.engine_metrics else None,
+                  env_record={k: shown[f"env.{k}"] for k in
+                              sorted({*recorded, *SERVER_ENV, *RECORDED_ENV})
+                              if f"env.{k}" in shown})
 
 
 def attach_pair(baseline_url: str, candidate_url: str, *, switch_args: tuple[str, ...] = (),

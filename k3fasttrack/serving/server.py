@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -66,6 +67,12 @@ class Server:
     extra_effective: dict[str, str] = field(default_factory=dict)
     request_timeout_s: float = 600.0
     watchdog: Watchdog | None = None
+    trace_glob: str | None = None
+    """Where this server's processes write the selection trace (None: no trace asked for)."""
+    metrics_dir: str | None = None
+    """This server's ``PROMETHEUS_MULTIPROC_DIR`` (None: vLLM's default registry)."""
+    env_record: dict[str, str] = field(default_factory=dict)
+    """The environment the runner set, as the bundle records it."""
     _effective: dict[str, str] | None = None
 
     # -- liveness and logs -------------------------------------------------------------
@@ -161,6 +168,9 @@ class Server:
         engine = effective.parse_engine_config(lines)
         if engine is not None:
             out.update(effective.flatten("engine", engine))
+        support = effective.parse_test_support(lines)
+        if support is not None:
+            out.update(effective.flatten("support", support))
         models = self.get_json("/v1/models", timeout_s=30.0)
         for entry in models.get("data", [])[:1]:
             out["models.id"] = str(entry.get("id"))
@@ -171,6 +181,29 @@ class Server:
         if self.probe_path is not None and self.probe_path.is_file():
             out.update(effective.flatten("probe", json.loads(self.probe_path.read_text())))
         return out
+
+    def trace_files(self) -> list[Path]:
+        """The selection-trace files this server's processes have written so far."""
+        if self.trace_glob is None:
+            return []
+        pattern = Path(self.trace_glob)
+        return sorted(pattern.parent.glob(pattern.name))
+
+    def selection_startup(self) -> tuple[dict[str, Any], ...]:
+        """The start-up records of this server's selection trace (each process writes one)."""
+        out = []
+        for path in self.trace_files():
+            for line in path.read_text(errors="replace").splitlines():
+                with contextlib.suppress(ValueError):
+                    record = json.loads(line)
+                    if isinstance(record, dict) and record.get("kind") == "startup":
+                        out.append(record)
+        return tuple(out)
+
+    def replaced_ops(self) -> tuple[str, ...]:
+        """vLLM ops that test-support code says it replaced in this server (from its log)."""
+        found = effective.parse_test_support(process.tail(self.log_path, 100_000))
+        return tuple(str(op) for op in (found or {}).get("replaced_ops", ()))
 
     def sees_configuration(self) -> bool:
         """True when an argument-level configuration source (log or probe) was readable."""

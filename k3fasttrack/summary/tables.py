@@ -27,17 +27,22 @@ def _drop(x: float | None) -> str:
     return "none detectable" if x is None else _f(x)
 
 
+def _data(s: dict[str, Any]) -> str:
+    """The data's provenance label (from file digests; re-derived by verify)."""
+    return str(s.get("data_label") or "not recorded")
+
+
 def _evals_row(s: dict[str, Any]) -> list[Any]:
     cmp, gate = s.get("comparison") or {}, s.get("gate") or {}
     design = s.get("design") or {}
     if not gate:
-        return [s["suite"], cmp.get("n"), _f(cmp.get("mean_baseline")),
+        return [s["suite"], _data(s), cmp.get("n"), _f(cmp.get("mean_baseline")),
                 _f(cmp.get("mean_candidate")), "n/a", "n/a", "n/a", f"-{design.get('margin')}",
                 "n/a", design.get("chance"), f"{s.get('identity_rate', 0):.0%}", s.get("result")]
     mdd = (f"{_drop(gate.get('mdd'))} at {design.get('power', 0):.0%} power; planned "
            f"{_drop(gate.get('planned_mdd'))} at n={design.get('planned_n')}")
     level = f"{gate.get('interval_level', 0):.0%}"
-    return [s["suite"], gate.get("n"), _f(cmp.get("mean_baseline")),
+    return [s["suite"], _data(s), gate.get("n"), _f(cmp.get("mean_baseline")),
             _f(cmp.get("mean_candidate")), f"{gate.get('losses')} / {gate.get('gains')}",
             f"{cmp.get('diff', 0):+.3f} {level} [{gate.get('ci_low', 0):+.3f}, "
             f"{gate.get('ci_high', 0):+.3f}]",
@@ -48,7 +53,8 @@ def _evals_row(s: dict[str, Any]) -> list[Any]:
 
 
 def evals(r: dict[str, Any]) -> list[str]:
-    """One row per suite: n, means, discordant counts, the non-inferiority interval, the
+    """One row per suite: the data's provenance (official / synthetic / generated / unverified),
+    n, means, discordant counts, the non-inferiority interval, the
     regression test (raw / Holm), the margin with the minimal detectable drop, the chance level,
     and the suite's result; then why each suite ended as it did, and the deviations."""
     rows = [_evals_row(s) for s in r.get("suites", [])]
@@ -56,7 +62,7 @@ def evals(r: dict[str, Any]) -> list[str]:
              for d in s.get("deviations", [])]
     why = [f"- {_c(s['suite'])} {_c(s.get('result'))}: {_c(s.get('reason'))}"
            for s in r.get("suites", [])]
-    out = _table(["suite", "n", "baseline", "candidate", "lost / gained", "diff [interval]",
+    out = _table(["suite", "data", "n", "baseline", "candidate", "lost / gained", "diff [interval]",
                   "regression p / Holm", "margin", "min. detectable drop", "chance",
                   "identical outputs", "result"], rows)
     out += ["Per suite:", *why, ""] if why else []
@@ -142,6 +148,34 @@ def isolation(r: dict[str, Any]) -> list[str]:
     return out + (_table(["path", "class", "reason"], rows) if rows else [])
 
 
+def tokens(r: dict[str, Any]) -> list[str]:
+    """Per comparison against B1 (A/A = B2, the candidate = C): identity, divergences, KL
+    percentiles; the limits C is held to; each gate's result; how B2 was obtained."""
+    names = {"b2": "A/A (B2 vs B1)", "c": "candidate (C vs B1)"}
+    rows = [[names.get(c["arm"], c["arm"]), f"{c['exact']}/{c['prompts']}",
+             f"{c['identity_rate']:.0%}", c["divergences"], c["confident_divergences"],
+             _f(c.get("max_margin")), _f(c["kl_p50"]), _f(c["kl_p99"]), _f(c["kl_max"]),
+             c["positions"]] for c in r.get("comparisons", [])]
+    th = r.get("thresholds")
+    if th:
+        rows.append(["limit for C", "not below A/A (one-sided McNemar)", "", "", 0,
+                     f"> {_f(th['confident_margin'])} is confident", _f(th["kl_p50"]),
+                     _f(th["kl_p99"]), _f(th["kl_max"]), ""])
+    cfg = r.get("config") or {}
+    out = [f"Greedy, {cfg.get('prompts')} prompts x {cfg.get('max_tokens')} tokens, top-"
+           f"{cfg.get('top_logprobs')} logprobs ({_c(r.get('logprobs_mode'))}); KL(B1 || arm) "
+           "in nats per position with identical context; margins in nats.", ""]
+    out += _table(["comparison", "identical", "identity rate", "divergences",
+                   "confident divergences", "max margin", "KL p50", "KL p99", "KL max",
+                   "positions"], rows) if rows else []
+    out += [f"- {_c(g['name'])}: **{_c(g['result'])}**: {_c(g['reason'])}"
+            for g in r.get("gates", [])]
+    if r.get("b2_method"):
+        out += ["", f"A/A arm: {_c(r['b2_method'])}"]
+    devs = [f"- {_c(d)}" for d in r.get("deviations", [])]
+    return out + ([""] + ["Deviations from the smoke depth:", *devs] if devs else []) + [""]
+
+
 def outcomes(key: str) -> Callable[[dict[str, Any]], list[str]]:
     """A table of named outcomes (features, proof)."""
     def render(r: dict[str, Any]) -> list[str]:
@@ -152,6 +186,6 @@ def outcomes(key: str) -> Callable[[dict[str, Any]], list[str]]:
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
-    "evals": evals, "perf": perf, "kernels": kernels, "isolation": isolation,
+    "tokens": tokens, "evals": evals, "perf": perf, "kernels": kernels, "isolation": isolation,
     "features": outcomes("features"), "proof": outcomes("tiers"),
 }

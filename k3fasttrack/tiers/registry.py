@@ -10,8 +10,10 @@ from k3fasttrack.models.reports import TIER_REPORT_ADAPTER, TierReport
 from k3fasttrack.tiers.restatus import status_from_checks
 from k3fasttrack.tiers.spec import TierSpec
 
-# Execution order: the proof tier reads what the serving tiers observed, so it runs last.
-RUN_ORDER: tuple[TierName, ...] = ("isolation", "kernels", "evals", "features", "perf", "proof")
+# Execution order: token agreement is the first serving gate (it runs before the evals); the
+# proof tier reads what the serving tiers observed, so it runs last.
+RUN_ORDER: tuple[TierName, ...] = ("isolation", "kernels", "tokens", "evals", "features", "perf",
+                                   "proof")
 
 
 def load_spec(name: TierName) -> TierSpec | None:

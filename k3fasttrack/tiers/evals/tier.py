@@ -22,7 +22,7 @@ from k3fasttrack.evals.compare import (
     samples_path,
     write_samples,
 )
-from k3fasttrack.evals.datasets import DataPaths, SuiteData, load_suite_data
+from k3fasttrack.evals.datasets import DataPaths, DatasetError, SuiteData, load_suite_data
 from k3fasttrack.evals.guard import Endpoint, PromptTooLong
 from k3fasttrack.evals.runner import evaluate, split_output
 from k3fasttrack.evals.suite import (
@@ -67,12 +67,18 @@ def load_inputs(profile: Profile, options: dict[str, object]) -> list[tuple[str,
     paths = DataPaths.from_options(dict(options))
     out: list[tuple[str, Suite, SuiteData]] = []
     seen: set[str] = set()
+    missing: list[str] = []
     for ref in profile.evals.suites:
         suite = load_suite(ref)
         if suite.name in seen:
             raise SuiteError(f"two suites of profile {profile.name} are named {suite.name}")
         seen.add(suite.name)
-        out.append((ref, suite, load_suite_data(suite, paths)))
+        try:
+            out.append((ref, suite, load_suite_data(suite, paths)))
+        except DatasetError as exc:  # every suite's missing data is named at once
+            missing.append(exc.one_line())
+    if missing:
+        raise DatasetError("; ".join(missing))
     return out
 
 

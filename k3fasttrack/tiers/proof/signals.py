@@ -5,6 +5,9 @@
 - ``selection_trace`` (GPU backends): the backend's JSONL selection trace, read window by window
   through the isolation tier's aggregator; specialized decode steps on the candidate, none on
   the baseline.
+- ``executor_counters`` (served K3 backend): the ``k3ft:executor_*`` counters that our executor
+  increments in vLLM's engine process, read from each server's ``/metrics``; they grew on the
+  candidate and do not exist on the baseline.
 - ``kernel_names`` (GPU): kernel names in a torch-profiler trace (Chrome trace JSON) of the
   window; every ``kernel_patterns`` regex matches on the candidate's trace, none on the baseline's.
 """
@@ -28,6 +31,8 @@ ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 GENERATED = "vllm:generation_tokens_total"
 SPECIALIZED = "specialized_steps"
 STOCK_DECODE = "stock_decode_steps"
+EXECUTOR_STEPS = "k3ft:executor_decode_steps_total"
+EXECUTOR_TOKENS = "k3ft:executor_decode_tokens_total"
 
 Verdict = tuple[bool, bool, str, dict[str, float], dict[str, float]]
 """(passed, ran_stock, reason, candidate sums, baseline sums)."""
@@ -82,6 +87,34 @@ def judge_trace(windows: list[PathEvidence]) -> Verdict:
     return True, False, f"{cand[SPECIALIZED]:g} specialized steps on the candidate", cand, base
 
 
+def judge_executor(windows: list[PathEvidence]) -> Verdict:
+    """The executor's own counters (``k3ft:executor_*`` on ``/metrics``): they exist on the
+    candidate and grew during its windows; the baseline does not expose them (stock vLLM has no
+    such metric) or they did not grow there."""
+    cand_windows = _traffic_windows(windows, "candidate")
+    cand, base = _sums(cand_windows, "candidate"), _sums(windows, "baseline")
+    if not cand_windows:
+        return False, False, "no executor-counter window for the candidate", cand, base
+    if any(EXECUTOR_STEPS in w.missing.get("candidate", ()) for w in cand_windows):
+        why = "ran stock: the candidate exposes no k3ft executor counter (our model never built)"
+        return False, True, why, cand, base
+    if cand.get(GENERATED, 0.0) <= 0:
+        return False, False, "the candidate generated no tokens in the tier's windows", cand, base
+    if cand.get(EXECUTOR_STEPS, 0.0) <= 0:
+        why = (f"ran stock: the executor ran 0 decode steps over {cand.get(GENERATED, 0):g} "
+               "generated tokens")
+        return False, True, why, cand, base
+    leaked = [w for w in windows if "baseline" in w.deltas
+              and EXECUTOR_STEPS not in w.missing.get("baseline", ())]
+    if leaked or base.get(EXECUTOR_STEPS, 0.0) > 0:
+        why = (f"the baseline exposes the executor's counters (+{base.get(EXECUTOR_STEPS, 0):g} "
+               "steps): our code ran there")
+        return False, False, why, cand, base
+    why = (f"executor decoded +{cand[EXECUTOR_STEPS]:g} steps, "
+           f"+{cand.get(EXECUTOR_TOKENS, 0):g} tokens on the candidate; baseline: no such counter")
+    return True, False, why, cand, base
+
+
 def kernel_names(trace_file: Path) -> list[str]:
     """Kernel names in a torch-profiler Chrome trace (``.json`` or ``.json.gz``)."""
     raw = trace_file.read_bytes()
@@ -131,8 +164,10 @@ def trace_offsets(paths: Iterable[Path]) -> dict[str, int]:
 
 
 def trace_window(offsets: dict[str, int], *, tier: str, server_side: str,
-                 side: EvidenceSide = "both", cell: str | None = None) -> PathEvidence:
-    """Specialized and stock decode steps written to the trace files since ``offsets``.
+                 side: EvidenceSide = "both", cell: str | None = None,
+                 ends: dict[str, int] | None = None) -> PathEvidence:
+    """Specialized and stock decode steps written to the trace files since ``offsets`` (up to
+    ``ends``, the sizes at the window's end, when given; to the end of each file otherwise).
 
     Uses the isolation tier's aggregator (``summarize``) on the records of the window.
     """
@@ -142,7 +177,8 @@ def trace_window(offsets: dict[str, int], *, tier: str, server_side: str,
     for name, start in offsets.items():
         with Path(name).open("rb") as fh:
             fh.seek(start)
-            records = [_TRACE.validate_json(line) for line in fh if line.strip()]
+            data = fh.read() if ends is None else fh.read(max(0, ends.get(name, 0) - start))
+        records = [_TRACE.validate_json(line) for line in data.splitlines() if line.strip()]
         traces.append(WriterTrace(source=name, records=records))
     summary = summarize(traces)
     stock = summary.stock_by_phase.get("decode", 0) + summary.stock_by_phase.get("verify", 0)
@@ -159,10 +195,17 @@ def judge(signal: ProofSignal, windows: list[PathEvidence], patterns: tuple[str,
         return judge_counters(mine)
     if signal == "selection_trace":
         return judge_trace(mine)
+    if signal == "executor_counters":
+        return judge_executor(mine)
     return judge_kernels(mine, patterns, bundle_dir)
 
 
 def parse_evidence(items: Iterable[Any]) -> list[PathEvidence]:
-    """Evidence dicts (as tiers store them) -> ``PathEvidence``; raises on a malformed entry."""
-    return [item if isinstance(item, PathEvidence) else PathEvidence.model_validate(item)
-            for item in items]
+    """Evidence dicts (as tiers store them) -> ``PathEvidence``, companion windows flattened
+    beside the window that carried them; raises on a malformed entry."""
+    out: list[PathEvidence] = []
+    for item in items:
+        ev = item if isinstance(item, PathEvidence) else PathEvidence.model_validate(item)
+        out.append(ev.model_copy(update={"companions": ()}))
+        out.extend(parse_evidence(ev.companions))
+    return out

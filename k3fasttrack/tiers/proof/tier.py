@@ -3,7 +3,10 @@ candidate path ran (and that the baseline's did not). A tier whose candidate tra
 stock path FAILS, and the report names it.
 
 Raw evidence: ``proof/evidence.jsonl``, one ``PathEvidence`` per line (every window every
-claiming tier recorded, plus the tier's status); ``recompute`` re-derives the verdict from it.
+claiming tier recorded, plus the tier's status); ``recompute`` and ``restatus`` re-derive the
+verdict from it. With the ``selection_trace`` signal and a started pair, the start-up records of
+both servers' traces (``servers/pair.json``) are checked too: the candidate's backend enabled,
+the baseline's absent or disabled; what a selection test mode waived is named in the reason.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from k3fasttrack.pipeline.context import NotRunnable, TierContext
 from k3fasttrack.tiers.proof.signals import judge, parse_evidence
 
 EVIDENCE_FILE = "proof/evidence.jsonl"
+PAIR_FILE = "servers/pair.json"
+STARTUP_CHECK = "selection_startup"
 
 
 def plan_cells(profile: Profile, tp: int, options: dict[str, object]) -> list[Cell]:
@@ -47,7 +52,8 @@ def judge_tier(tier: str, windows: list[PathEvidence], cfg: ProofConfig,
     cand_windows = [w for w in windows if w.side in ("candidate", "both")]
     grew = sum(1 for w in cand_windows
                if any(v > 0 for k, v in w.deltas.get("candidate", {}).items()
-                      if "spec_decode" in k or k == "specialized_steps"))
+                      if "spec_decode" in k or k == "specialized_steps"
+                      or k.startswith("k3ft:executor_")))
     if not windows:
         passed, reasons = False, ["recorded no path evidence"]
     outcome: Literal["pass", "fail"] = "pass" if passed else "fail"
@@ -68,6 +74,41 @@ def verdict(proofs: list[TierProof]) -> tuple[TierStatus, str, tuple[str, ...]]:
                 f"no proof for: {', '.join(p.tier for p in failed)}")
         return "FAIL", f"{head} ({failed[0].tier}: {failed[0].reason})", stock
     return "PASS", f"candidate path shown in {', '.join(p.tier for p in proofs)}", stock
+
+
+def startup_check(bundle_dir: Path, signals: tuple[str, ...]) -> Check | None:
+    """The start-up records of both servers' selection traces (from ``servers/pair.json``):
+    pass when the candidate's backend was enabled and the baseline's was not; None when the
+    profile has no selection-trace signal or no started pair was recorded."""
+    path = bundle_dir / PAIR_FILE
+    if "selection_trace" not in signals or not path.is_file():
+        return None
+    pair = json.loads(path.read_text())
+    cand = pair.get("candidate", {}).get("selection_startup", [])
+    base = pair.get("baseline", {}).get("selection_startup", [])
+    enabled_base = [r for r in base if r.get("enabled")]
+    if not cand:
+        outcome, why = "fail", "the candidate wrote no selection start-up record"
+    elif not all(r.get("enabled") for r in cand):
+        reasons = [x for r in cand for x in r.get("reasons", ())]
+        outcome, why = "fail", f"the candidate's backend refused: {'; '.join(reasons)}"
+    elif enabled_base:
+        outcome, why = "fail", "the baseline's backend was enabled: our code ran there"
+    else:
+        outcome = "pass"
+        why = (f"candidate enabled in {len(cand)} process(es); baseline "
+               + (f"disabled in {len(base)}" if base else "wrote no start-up record"))
+    waived = test_mode_waivers(cand)
+    if waived:
+        why += f"; selection test mode waived: {waived}"
+    return Check(name=STARTUP_CHECK, outcome=outcome, reason=why)  # type: ignore[arg-type]
+
+
+def test_mode_waivers(records: list[dict[str, Any]]) -> str:
+    """``mode (reason; reason)`` for every start-up record that ran under a test mode."""
+    found = sorted({f"{r['config'].get('test_mode')} ({r['config'].get('test_mode_waived', '')})"
+                    for r in records if r.get("config", {}).get("test_mode")})
+    return ", ".join(found)
 
 
 def _collect(ctx: TierContext) -> tuple[dict[str, list[PathEvidence]], list[str]]:
@@ -122,8 +163,21 @@ def run(ctx: TierContext) -> ProofReport:
     status, reason, stock = verdict(proofs)
     checks = tuple(Check(name=f"candidate_path_in_{p.tier}", outcome=p.outcome, reason=p.reason)
                    for p in proofs)
-    return ProofReport(status=status, reason=reason, checks=checks, raw_files=(EVIDENCE_FILE,),
+    raw: tuple[str, ...] = (EVIDENCE_FILE,)
+    startup = startup_check(ctx.bundle_dir, cfg.signals) if proofs else None
+    if startup is not None:
+        checks, raw = (*checks, startup), (*raw, PAIR_FILE)
+        status, reason = _with_startup(status, reason, startup)
+    return ProofReport(status=status, reason=reason, checks=checks, raw_files=raw,
                        signals=cfg.signals, tiers=tuple(proofs), stock_tiers=stock)
+
+
+def _with_startup(status: TierStatus, reason: str, startup: Check) -> tuple[TierStatus, str]:
+    """The verdict with the start-up check folded in (a failed one FAILs the tier)."""
+    if startup.outcome == "fail":
+        return "FAIL", f"{STARTUP_CHECK}: {startup.reason}" + (
+            f"; {reason}" if status == "FAIL" else "")
+    return status, f"{reason} ({startup.reason})"
 
 
 def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
@@ -157,8 +211,9 @@ def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
 
 
 def restatus(report: TierReport, bundle_dir: Path) -> tuple[TierStatus, str]:
-    """A failed check FAILs the tier; else the status its per-tier proofs give (``recompute``
-    holds those to ``proof/evidence.jsonl``)."""
+    """The status the raw evidence gives: every claiming tier re-judged from
+    ``proof/evidence.jsonl`` and the start-up check from ``servers/pair.json`` (the report's
+    stored verdicts are not trusted); a failed check recorded in the report FAILs the tier."""
     from k3fasttrack.tiers.restatus import status_from_checks
 
     if not isinstance(report, ProofReport):
@@ -166,7 +221,14 @@ def restatus(report: TierReport, bundle_dir: Path) -> tuple[TierStatus, str]:
     generic = status_from_checks(report)
     if generic[0] != "PASS":
         return generic
-    status, reason, _ = verdict(list(report.tiers))
+    if not (bundle_dir / EVIDENCE_FILE).is_file():
+        return "FAIL", f"raw evidence {EVIDENCE_FILE} is missing"
+    cfg = ProofConfig(signals=report.signals, kernel_patterns=_patterns(bundle_dir))
+    proofs = [judge_tier(t, w, cfg, bundle_dir) for t, w in read_evidence(bundle_dir).items()]
+    status, reason, _ = verdict(proofs)
+    startup = startup_check(bundle_dir, cfg.signals) if proofs else None
+    if startup is not None:
+        status, reason = _with_startup(status, reason, startup)
     return status, reason
 
 

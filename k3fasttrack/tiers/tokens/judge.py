@@ -1,0 +1,236 @@
+"""Pure judgements of the tokens tier: raw rows in, comparisons, thresholds and gates out.
+
+The A/A comparison (B2 against B1) sets the limits; the candidate (C against B1) must meet:
+
+- ``confident_divergence``: no first divergence where B1's margin exceeds
+  max(floor, factor x A/A's largest divergence margin);
+- ``kl``: C's per-position KL p50, p99 and max each at most max(floor, factor x A/A's);
+- ``identity_rate``: C matches B1 on no fewer prompts than B2 does, by a one-sided exact
+  McNemar test on the per-prompt exact-match pairs at level alpha.
+
+A gate without the power to see a regression (too few compared positions, or too few A/A
+matches for any drop to reach alpha) is INCONCLUSIVE, never PASS. ``run`` and ``recompute``
+both call ``judge`` on the rows read back from the bundle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from k3fasttrack.models.base import Check, CheckOutcome
+from k3fasttrack.models.tokens import (
+    ArmComparison,
+    ArmName,
+    GateResult,
+    RequestAgreement,
+    Thresholds,
+    TokenGate,
+    TokensConfig,
+)
+from k3fasttrack.stats.tokens import (
+    Agreement,
+    agreement,
+    identity_test,
+    kl_percentiles,
+    smallest_p,
+)
+
+Row = dict[str, Any]
+OUTCOME: dict[GateResult, CheckOutcome] = {"PASS": "pass", "FAIL": "fail",
+                                           "INCONCLUSIVE": "needs_review"}
+
+
+def _tops(row: Row) -> list[dict[int, float]]:
+    return [dict(zip(ids, lps, strict=True))
+            for ids, lps in zip(row["top_ids"], row["top_logprobs"], strict=True)]
+
+
+def same_prompts(prompts: Sequence[Sequence[int]], arms: dict[ArmName, list[Row]],
+                 max_tokens: int) -> Check:
+    """Every arm answered every stored prompt (the server echoes the same ids) with exactly
+    ``max_tokens`` tokens: otherwise the arms are not comparable."""
+    problems = []
+    for arm, rows in arms.items():
+        got = {int(r["prompt"]): r for r in rows}
+        if sorted(got) != list(range(len(prompts))):
+            problems.append(f"{arm} answered {len(got)} of {len(prompts)} prompts")
+            continue
+        bad = [i for i, p in enumerate(prompts) if list(got[i]["prompt_token_ids"]) != list(p)]
+        short = [i for i in got if len(got[i]["token_ids"]) != max_tokens]
+        if bad:
+            problems.append(f"{arm} received other token ids for prompt {bad[0]}")
+        if short:
+            problems.append(f"{arm} generated {len(got[short[0]]['token_ids'])} tokens for "
+                            f"prompt {short[0]}, not {max_tokens}")
+    reason = (f"{len(arms)} arms answered the same {len(prompts)} token-id prompts with "
+              f"{max_tokens} tokens each" if not problems else "; ".join(problems))
+    return Check(name="same_prompts", outcome="fail" if problems else "pass", reason=reason)
+
+
+@dataclass(frozen=True)
+class Compared:
+    """An arm against B1: per-prompt agreements and the pooled per-position KL values."""
+
+    arm: ArmName
+    agreements: tuple[Agreement, ...]
+
+    @property
+    def kl(self) -> list[float]:
+        """Every compared position's KL, pooled over prompts."""
+        return [k for a in self.agreements for k in a.kl]
+
+    @property
+    def exact(self) -> list[bool]:
+        """Per prompt: identical to B1."""
+        return [a.exact for a in self.agreements]
+
+    @property
+    def max_margin(self) -> float | None:
+        """Largest first-divergence margin (None without a divergence)."""
+        return max((a.margin for a in self.agreements if a.margin is not None), default=None)
+
+
+def compare(ref: list[Row], rows: list[Row], arm: ArmName) -> Compared:
+    """Each prompt of ``rows`` against the same prompt of ``ref`` (both in prompt order)."""
+    pairs = zip(ref, rows, strict=True)
+    return Compared(arm=arm, agreements=tuple(
+        agreement(r["token_ids"], _tops(r), a["token_ids"], _tops(a)) for r, a in pairs))
+
+
+def thresholds(aa: Compared, cfg: TokensConfig) -> Thresholds:
+    """The limits for C: declared floors, raised by the declared factors times A/A's figures."""
+    p50, p99, top = kl_percentiles(aa.kl)
+    return Thresholds(
+        confident_margin=max(cfg.confident_margin_floor,
+                             cfg.confident_margin_factor * (aa.max_margin or 0.0)),
+        kl_p50=max(cfg.kl_floor_p50, cfg.kl_factor * p50),
+        kl_p99=max(cfg.kl_floor_p99, cfg.kl_factor * p99),
+        kl_max=max(cfg.kl_floor_max, cfg.kl_factor * top))
+
+
+def _confident(a: Agreement, limit: float) -> bool:
+    return a.margin is not None and a.margin > limit
+
+
+def summarize(cmp: Compared, limit: float) -> ArmComparison:
+    """The report record of one comparison (confident = margin above ``limit``)."""
+    p50, p99, top = kl_percentiles(cmp.kl)
+    ags = cmp.agreements
+    requests = tuple(RequestAgreement(
+        prompt=i, exact=a.exact, first_divergence=a.first_divergence, margin=a.margin,
+        margin_is_bound=a.margin_is_bound, positions=a.positions,
+        kl_max=max(a.kl, default=0.0), kl_mean=sum(a.kl) / len(a.kl) if a.kl else 0.0,
+        max_abs_dlogprob=a.max_abs_dlogprob) for i, a in enumerate(ags))
+    exact = sum(cmp.exact)
+    return ArmComparison(
+        arm=cmp.arm, prompts=len(ags), exact=exact,
+        identity_rate=exact / len(ags) if ags else 0.0,
+        divergences=sum(1 for a in ags if a.first_divergence is not None),
+        max_margin=cmp.max_margin, confident_divergences=sum(_confident(a, limit) for a in ags),
+        positions=len(cmp.kl), kl_p50=p50, kl_p99=p99, kl_max=top,
+        max_abs_dlogprob=max((a.max_abs_dlogprob for a in ags), default=0.0), requests=requests)
+
+
+def _few_positions(aa: Compared, c: Compared, cfg: TokensConfig) -> str | None:
+    low = [(x.arm, len(x.kl)) for x in (aa, c) if len(x.kl) < cfg.min_positions]
+    if not low:
+        return None
+    arm, n = low[0]
+    return f"only {n} compared positions on {arm} (the profile asks for {cfg.min_positions})"
+
+
+def gate_confident(aa: Compared, c: Compared, th: Thresholds, cfg: TokensConfig) -> TokenGate:
+    """No C divergence at a position where B1 was confident."""
+    limit = th.confident_margin
+    flips = [(i, a) for i, a in enumerate(c.agreements) if _confident(a, limit)]
+    figures = {"threshold": limit, "aa_max_margin": aa.max_margin or 0.0,
+               "c_max_margin": c.max_margin or 0.0, "confident_divergences": float(len(flips))}
+    source = (f"max(floor {cfg.confident_margin_floor}, {cfg.confident_margin_factor} x A/A max "
+              f"{aa.max_margin or 0.0:.4g})")
+    if flips:
+        i, a = flips[0]
+        return TokenGate(name="confident_divergence", result="FAIL", figures=figures, reason=(
+            f"{len(flips)} divergence(s) where B1's margin exceeds {limit:.4g} nats ({source}); "
+            f"first: prompt {i} at position {a.first_divergence}, margin {a.margin:.4g}"
+            + (" or more" if a.margin_is_bound else "")))
+    few = _few_positions(aa, c, cfg)
+    if few:
+        return TokenGate(name="confident_divergence", result="INCONCLUSIVE", figures=figures,
+                         reason=few)
+    return TokenGate(name="confident_divergence", result="PASS", figures=figures, reason=(
+        f"no divergence above {limit:.4g} nats ({source}); C's largest margin "
+        f"{c.max_margin or 0.0:.4g} over {len(c.kl)} positions"))
+
+
+def gate_kl(aa: Compared, c: Compared, th: Thresholds, cfg: TokensConfig) -> TokenGate:
+    """C's KL percentiles within the A/A-calibrated limits."""
+    got = dict(zip(("p50", "p99", "max"), kl_percentiles(c.kl), strict=True))
+    ref = dict(zip(("p50", "p99", "max"), kl_percentiles(aa.kl), strict=True))
+    limit = {"p50": th.kl_p50, "p99": th.kl_p99, "max": th.kl_max}
+    figures = {f"{side}_{q}": v for side, d in (("c", got), ("aa", ref), ("limit", limit))
+               for q, v in d.items()}
+    over = [q for q in ("p50", "p99", "max") if got[q] > limit[q]]
+    shown = ", ".join(f"{q} {got[q]:.3g} (A/A {ref[q]:.3g}, limit {limit[q]:.3g})"
+                      for q in ("p50", "p99", "max"))
+    if over:
+        return TokenGate(name="kl", result="FAIL", figures=figures,
+                         reason=f"KL {', '.join(over)} above the limit: {shown}")
+    few = _few_positions(aa, c, cfg)
+    if few:
+        return TokenGate(name="kl", result="INCONCLUSIVE", figures=figures, reason=few)
+    return TokenGate(name="kl", result="PASS", figures=figures,
+                     reason=f"KL within {cfg.kl_factor} x A/A or the floor: {shown}")
+
+
+def gate_identity(aa: Compared, c: Compared, cfg: TokensConfig) -> TokenGate:
+    """C identical to B1 on no fewer prompts than B2, by the one-sided exact McNemar test."""
+    b, cc, p = identity_test(aa.exact, c.exact)
+    n, aa_exact = len(aa.exact), sum(aa.exact)
+    figures = {"n": float(n), "aa_exact": float(aa_exact), "c_exact": float(sum(c.exact)),
+               "b": float(b), "c": float(cc), "p": p, "alpha": cfg.alpha}
+    shown = (f"A/A {aa_exact}/{n}, C {sum(c.exact)}/{n} identical; only A/A {b}, only C {cc}; "
+             f"one-sided exact McNemar p={p:.3g} (alpha {cfg.alpha})")
+    if p < cfg.alpha:
+        return TokenGate(name="identity_rate", result="FAIL", figures=figures,
+                         reason=f"C matches B1 less often than A/A: {shown}")
+    if n < cfg.min_prompts:
+        return TokenGate(name="identity_rate", result="INCONCLUSIVE", figures=figures,
+                         reason=f"{n} prompts (the profile asks for {cfg.min_prompts}): {shown}")
+    if smallest_p(aa_exact) >= cfg.alpha:
+        return TokenGate(name="identity_rate", result="INCONCLUSIVE", figures=figures, reason=(
+            f"A/A matched on {aa_exact} prompts: even losing all of them gives p="
+            f"{smallest_p(aa_exact):.3g} >= alpha {cfg.alpha}, so no drop is detectable"))
+    return TokenGate(name="identity_rate", result="PASS", figures=figures,
+                     reason=f"no drop shown: {shown}")
+
+
+@dataclass(frozen=True)
+class Judged:
+    """Everything the tier derives from its raw rows."""
+
+    prompts_check: Check
+    comparisons: tuple[ArmComparison, ...]
+    thresholds: Thresholds | None
+    gates: tuple[TokenGate, ...]
+
+
+def judge(prompts: Sequence[Sequence[int]], arms: dict[ArmName, list[Row]],
+          cfg: TokensConfig) -> Judged:
+    """Compare B2 and C with B1 and gate C against the A/A calibration."""
+    check = same_prompts(prompts, arms, cfg.max_tokens)
+    if check.outcome == "fail" or not {"b1", "b2", "c"} <= arms.keys():
+        return Judged(check, (), None, ())
+    aa = compare(arms["b1"], arms["b2"], "b2")
+    c = compare(arms["b1"], arms["c"], "c")
+    th = thresholds(aa, cfg)
+    comparisons = (summarize(aa, th.confident_margin), summarize(c, th.confident_margin))
+    gates = (gate_confident(aa, c, th, cfg), gate_kl(aa, c, th, cfg), gate_identity(aa, c, cfg))
+    return Judged(check, comparisons, th, gates)
+
+
+def gate_checks(judged: Judged) -> list[Check]:
+    """The prompt check and one check per gate (INCONCLUSIVE -> ``needs_review``)."""
+    return [judged.prompts_check, *(Check(name=g.name, outcome=OUTCOME[g.result],
+                                          reason=g.reason) for g in judged.gates)]

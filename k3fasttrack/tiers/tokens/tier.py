@@ -1,0 +1,275 @@
+"""Tokens tier: token-level agreement of the candidate with the baseline, calibrated by A/A.
+
+Cells, in order (resume skips finished ones): ``tokens-prompts`` (dataset rows drawn with a
+seed, tokenized once by the baseline: ``tokens/prompts.jsonl``), then one per arm: ``b1`` (the
+baseline, prompt order), ``b2`` (the baseline again: a restarted process by default, shuffled
+order, another concurrency), ``c`` (the candidate, run exactly like B1). The arms run one after
+another, so no two servers decode at once. Raw rows: ``tokens/<arm>.jsonl``; ``recompute`` and
+``restatus`` re-derive every figure, threshold and gate from them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from k3fasttrack.errors import InfrastructureError
+from k3fasttrack.models.base import Check, TierStatus
+from k3fasttrack.models.plan import Cell
+from k3fasttrack.models.profile import Profile
+from k3fasttrack.models.serving import SwitchCheckRecord
+from k3fasttrack.models.tokens import (
+    SMOKE_MAX_TOKENS,
+    SMOKE_PROMPTS,
+    ArmName,
+    ArmRun,
+    PromptSet,
+    TokensConfig,
+    TokensReport,
+)
+from k3fasttrack.pipeline.atomic import write_bytes_atomic
+from k3fasttrack.pipeline.context import NotRunnable, TierContext
+from k3fasttrack.serving import (
+    ServerError,
+    ServerPair,
+    counters_after,
+    counters_before,
+    pair_service,
+)
+from k3fasttrack.serving.effective import diff_configs
+from k3fasttrack.serving.runner import stop_server, switch_outcome
+from k3fasttrack.serving.server import Server, Watchdog
+from k3fasttrack.tiers.tokens.arms import (
+    arm_file,
+    run_arm,
+    start_restarted_baseline,
+    started_at,
+    timed,
+    write_rows,
+)
+from k3fasttrack.tiers.tokens.judge import gate_checks, judge
+from k3fasttrack.tiers.tokens.prompts import PROMPTS_FILE, build_prompts, dataset_path
+from k3fasttrack.tiers.tokens.prompts import read_prompts as read_prompt_ids
+
+ARMS: tuple[ArmName, ...] = ("b1", "b2", "c")
+FAILURE_LOG = "tokens/server_failure.log"
+B2_LOG_DIR = "tokens/b2-server"
+B2_SALT = "k3ft-tokens-b2"
+SWITCH_CHECK = "switch_only_difference"
+
+
+def plan_cells(profile: Profile, tp: int, options: dict[str, object]) -> list[Cell]:
+    """The prompt cell and one cell per arm (none without a serving section); checks the
+    dataset file is there first (one-line error)."""
+    if profile.serving is None:
+        return []
+    dataset_path(profile.tokens, dict(options))
+    return [Cell(id=f"tokens-{step}", tier="tokens", params={"step": step})
+            for step in ("prompts", *ARMS)]
+
+
+def deviations(cfg: TokensConfig, logprobs_mode: str) -> list[str]:
+    """How the run departs from the smoke depth, and a logprobs mode that hides processors."""
+    out = []
+    if cfg.prompts < SMOKE_PROMPTS:
+        out.append(f"{cfg.prompts} prompts (smoke depth: {SMOKE_PROMPTS}-128)")
+    if cfg.max_tokens < SMOKE_MAX_TOKENS:
+        out.append(f"{cfg.max_tokens} tokens per prompt (smoke depth: {SMOKE_MAX_TOKENS})")
+    if logprobs_mode != "processed_logprobs":
+        out.append(f"logprobs mode {logprobs_mode}: logprobs are taken before logits "
+                   "processors, so a processor shows only in the chosen tokens, not in the KL")
+    return out
+
+
+def _logprobs_mode(pair: ServerPair) -> str:
+    modes = set()
+    for _, srv in pair.sides():
+        cfg = srv.effective_config()
+        seen = srv.sees_configuration()
+        modes.add(cfg.get("args.logprobs_mode", "raw_logprobs") if seen else "unknown")
+    return modes.pop() if len(modes) == 1 else "differs between the servers"
+
+
+def _b2_server(ctx: TierContext, pair: ServerPair,
+               dog: Watchdog) -> tuple[Server, float | None]:
+    """(the server B2 runs on, seconds it took to start; None when B2 uses B1's server)."""
+    cfg, serving = ctx.profile.tokens, ctx.profile.serving
+    if cfg.b2_method == "restart" and pair.mode == "started" and serving is not None:
+        ctx.progress.note("tokens: starting a fresh baseline process for the A/A arm")
+        srv, start_s = timed(lambda: start_restarted_baseline(
+            pair, serving, ctx.bundle_dir / B2_LOG_DIR,
+            min(serving.startup_timeout_s, max(dog.remaining(), 1.0))))
+        srv.watchdog = dog
+        return srv, start_s
+    return pair.baseline, None
+
+
+def _arm_cell(ctx: TierContext, pair: ServerPair, arm: ArmName, prompts: list[list[int]],
+              dog: Watchdog) -> dict[str, Any]:
+    """Run one arm, store its raw rows; the cell's stored result."""
+    cfg = ctx.profile.tokens
+    start_s = None
+    if arm == "b2":
+        srv, start_s = _b2_server(ctx, pair, dog)
+    else:
+        srv = pair.baseline if arm == "b1" else pair.candidate
+    restarted = start_s is not None
+    born = started_at(srv)
+    concurrency = {"b1": cfg.b1_concurrency, "b2": cfg.b2_concurrency, "c": cfg.c_concurrency}
+    order_seed = cfg.b2_order_seed if arm == "b2" else None
+    salt = B2_SALT if arm == "b2" and not restarted else None
+    out: dict[str, Any] = {}
+    try:
+        snap = counters_before(pair) if arm != "b2" else None
+        ctx.progress.note(f"tokens: arm {arm} on the {srv.side} server "
+                          f"({len(prompts)} prompts x {cfg.max_tokens} tokens)")
+        rows, wall = timed(lambda: run_arm(srv, arm, prompts, cfg, concurrency=concurrency[arm],
+                                           order_seed=order_seed, cache_salt=salt))
+        write_rows(ctx.bundle_dir, arm_file(arm), rows)
+        if snap is not None:
+            side = "baseline" if arm == "b1" else "candidate"
+            out["evidence"] = counters_after(pair, snap, tier="tokens", cell=f"tokens-{arm}",
+                                             side=side).model_dump(mode="json")  # type: ignore[arg-type]
+        if restarted:
+            out["config_differences"] = diff_configs(pair.baseline.effective_config(),
+                                                     srv.effective_config())
+    finally:
+        if restarted:
+            stop_server(srv)
+    log = f"{B2_LOG_DIR}/baseline.log" if restarted else None
+    name = {"b1": "baseline", "b2": "baseline-restarted" if restarted else "baseline",
+            "c": "candidate"}[arm]
+    out["arm"] = ArmRun(arm=arm, server=name, url=srv.url,
+                        pid=srv.process.pid if srv.process else None, started_at=born,
+                        concurrency=concurrency[arm], order_seed=order_seed, cache_salt=salt,
+                        wall_s=wall, raw_file=arm_file(arm), server_log=log,
+                        server_start_s=start_s).model_dump(mode="json")
+    return out
+
+
+def _b2_method(arms: dict[ArmName, ArmRun]) -> str:
+    b1, b2 = arms.get("b1"), arms.get("b2")
+    if b1 is None or b2 is None:
+        return ""
+    how = (f"a restarted baseline process (pid {b2.pid}, started at {b2.started_at}; B1's "
+           f"server: pid {b1.pid}, started at {b1.started_at}), same command line but the port"
+           if b2.server == "baseline-restarted" else
+           f"B1's server (pid {b1.pid}) with cache_salt {b2.cache_salt!r} (no prefix reuse)")
+    return (f"B2: {how}; order shuffled with seed {b2.order_seed}; {b2.concurrency} requests "
+            f"in flight (B1: prompt order, {b1.concurrency})")
+
+
+def run(ctx: TierContext) -> TokensReport:
+    """Run the prompt cell and the three arms on the shared pair; judge; build the report."""
+    if ctx.profile.serving is None:
+        raise NotRunnable("the profile has no serving section")
+    cells = {str(c.params["step"]): c for c in ctx.cells if c.tier == "tokens"}
+    if not cells:
+        raise NotRunnable("the profile plans no tokens cell")
+    cfg = ctx.profile.tokens
+    arms: dict[ArmName, ArmRun] = {}
+    evidence: list[dict[str, Any]] = []
+    extra_checks: list[Check] = []
+    prompt_set: PromptSet | None = None
+    failure: InfrastructureError | None = None
+    switch: SwitchCheckRecord | None = None
+    log_tail: list[str] = []
+    mode = "unknown"
+    try:
+        pair = pair_service(ctx)
+        switch = pair.switch_check()
+        mode = _logprobs_mode(pair)
+        with pair.watchdog("tokens", cfg.tier_timeout_s) as dog:
+            stored = ctx.run_cell(cells["prompts"], lambda: {"prompt_set": build_prompts(
+                ctx.bundle_dir, pair.baseline, cfg, ctx.options).model_dump(mode="json")})
+            prompt_set = PromptSet.model_validate(stored["prompt_set"])
+            prompts = read_prompt_ids(ctx.bundle_dir)
+            for arm in ARMS:
+                got = ctx.run_cell(cells[arm], lambda a=arm: _arm_cell(ctx, pair, a, prompts, dog))  # type: ignore[misc]
+                arms[arm] = ArmRun.model_validate(got["arm"])
+                if got.get("evidence"):
+                    evidence.append(got["evidence"])
+                if "config_differences" in got:
+                    extra_checks.append(_b2_config_check(got["config_differences"]))
+    except InfrastructureError as exc:
+        failure = exc
+        log_tail = exc.log_lines if isinstance(exc, ServerError) else []
+        if log_tail:
+            write_bytes_atomic(ctx.bundle_dir / FAILURE_LOG, ("\n".join(log_tail) + "\n").encode())
+    return build_report(ctx.bundle_dir, cfg, prompt_set, arms, evidence, extra_checks, switch,
+                        failure, log_tail, mode)
+
+
+def _b2_config_check(differences: list[str]) -> Check:
+    ok = not differences
+    return Check(name="b2_same_configuration", outcome="pass" if ok else "fail",
+                 reason="the restarted baseline reports the baseline's configuration" if ok else
+                 f"the restarted baseline differs: {differences[0]}")
+
+
+def build_report(bundle_dir: Path, cfg: TokensConfig, prompt_set: PromptSet | None,
+                 arms: dict[ArmName, ArmRun], evidence: list[dict[str, Any]],
+                 extra_checks: list[Check], switch: SwitchCheckRecord | None,
+                 failure: InfrastructureError | None, log_tail: list[str],
+                 mode: str) -> TokensReport:
+    """The report: the gates judged from the raw rows read back from the bundle."""
+    checks: list[Check] = []
+    comparisons: tuple[Any, ...] = ()
+    gates: tuple[Any, ...] = ()
+    thresholds = None
+    if prompt_set is not None and set(arms) == set(ARMS):
+        judged = judge(read_prompt_ids(bundle_dir), read_arms(bundle_dir, arms.values()), cfg)
+        checks = gate_checks(judged)
+        comparisons, gates, thresholds = judged.comparisons, judged.gates, judged.thresholds
+    checks += extra_checks
+    if switch is not None:
+        checks.append(Check(name=SWITCH_CHECK, outcome="pass" if switch.confirmed else "fail",
+                            reason=switch.reason))
+    raw = ([PROMPTS_FILE] if prompt_set else []) + [a.raw_file for a in arms.values()]
+    raw += [a.server_log for a in arms.values() if a.server_log]
+    raw += [FAILURE_LOG] if log_tail else []
+    report = TokensReport(
+        status="INCOMPLETE", reason="", checks=tuple(checks), raw_files=tuple(raw), config=cfg,
+        prompt_set=prompt_set, arms=tuple(arms.values()), b2_method=_b2_method(arms),
+        comparisons=comparisons, thresholds=thresholds, gates=gates,
+        deviations=tuple(deviations(cfg, mode)), logprobs_mode=mode, switch=switch,
+        failure=failure.one_line() if failure else "", path_evidence=tuple(evidence),
+        server_log_tail=tuple(log_tail))
+    status, reason = tokens_status(report)
+    return report.model_copy(update={"status": status, "reason": reason})
+
+
+def read_arms(bundle_dir: Path, arms: Any) -> dict[ArmName, list[dict[str, Any]]]:
+    """Every arm's raw rows, by arm."""
+    from k3fasttrack.tiers.tokens.arms import read_rows
+
+    return {a.arm: read_rows(bundle_dir, a.raw_file) for a in arms}
+
+
+def tokens_status(report: TokensReport) -> tuple[TierStatus, str]:
+    """A failed gate FAILs the tier, then any other failed check, then sides that differ beyond
+    the switch; an unfinished tier is INCOMPLETE; an INCONCLUSIVE gate makes a tier that would
+    pass INCOMPLETE; a switch that could not be seen too."""
+    failed = [g for g in report.gates if g.result == "FAIL"]
+    if failed:
+        return "FAIL", f"{failed[0].name}: {failed[0].reason}"
+    other = [c for c in report.checks if c.outcome == "fail" and c.name != SWITCH_CHECK]
+    if other:
+        return "FAIL", f"{other[0].name}: {other[0].reason}"
+    forced = switch_outcome(report.switch)
+    if forced is not None and forced[0] == "FAIL":
+        return forced
+    if report.failure:
+        done = len(report.arms)
+        return "INCOMPLETE", f"{done} of {len(ARMS)} arm(s) done; {report.failure}"
+    unsure = [f"{g.name}: {g.reason}" for g in report.gates if g.result == "INCONCLUSIVE"]
+    if unsure:
+        return "INCOMPLETE", "inconclusive: " + "; ".join(unsure)
+    if forced is not None:
+        return forced
+    if not report.gates:
+        return "INCOMPLETE", "no gate was judged"
+    thr = report.thresholds
+    limits = (f" (confident margin > {thr.confident_margin:.3g} nats, KL limits p50 "
+              f"{thr.kl_p50:.3g} / p99 {thr.kl_p99:.3g} / max {thr.kl_max:.3g})" if thr else "")
+    return "PASS", f"all {len(report.gates)} token gates pass against the A/A calibration{limits}"

@@ -1,0 +1,148 @@
+"""The tokens tier's report is re-derived from its raw rows: ``recompute`` and ``restatus`` agree
+with an honest report, and refuse one whose figures, gates, settings or raw rows were edited.
+The status rule: a failed gate FAILS, an inconclusive one makes the tier INCOMPLETE, and so
+does an infrastructure failure. The PR comment shows the comparison table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_tokens_gates import AA_FLIPS, arm_rows, config, prompts
+
+from k3fasttrack.models.reports import TIER_REPORT_ADAPTER
+from k3fasttrack.models.serving import SwitchCheckRecord
+from k3fasttrack.models.tokens import ArmRun, PromptSet, TokensConfig, TokensReport
+from k3fasttrack.summary import tier_detail
+from k3fasttrack.tiers.registry import load_spec, recompute_all, restatus
+from k3fasttrack.tiers.tokens.arms import arm_file, write_rows
+from k3fasttrack.tiers.tokens.prompts import PROMPTS_FILE
+from k3fasttrack.tiers.tokens.tier import build_report
+
+SWITCH = SwitchCheckRecord(confirmed=True, switch_args=("--x",), differences=("args.x: 1",),
+                           unexpected=(), reason="configurations differ only in the switch")
+
+
+def make_bundle(bundle: Path, c_rows: list[dict], cfg: TokensConfig | None = None,
+                switch: SwitchCheckRecord = SWITCH) -> TokensReport:
+    """A bundle folder holding the raw rows of three arms and the report built from them."""
+    cfg = cfg or config()
+    lines = [{"prompt": i, "row": 100 + i, "text": f"q{i}", "prompt_token_ids": p}
+             for i, p in enumerate(prompts())]
+    (bundle / "tokens").mkdir(parents=True)
+    (bundle / PROMPTS_FILE).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    rows = {"b1": arm_rows("b1"), "b2": arm_rows("b2", flip_at_tie=AA_FLIPS, seed=1),
+            "c": c_rows}
+    arms = {}
+    for arm, r in rows.items():
+        write_rows(bundle, arm_file(arm), r)  # type: ignore[arg-type]
+        arms[arm] = ArmRun(arm=arm, server=arm, url="http://127.0.0.1:1", pid=None,  # type: ignore[arg-type]
+                           started_at=None, concurrency=4, order_seed=None, wall_s=1.0,
+                           raw_file=arm_file(arm))  # type: ignore[arg-type]
+    (bundle / "profile.json").write_text(json.dumps({"tokens": cfg.model_dump(mode="json")}))
+    prompt_set = PromptSet(dataset="gsm8k/test.jsonl", sha256="0" * 64,
+                           rows=tuple(100 + i for i in range(len(lines))), template="test",
+                           raw_file=PROMPTS_FILE)
+    report = build_report(bundle, cfg, prompt_set, arms, [], [], switch, None, [],  # type: ignore[arg-type]
+                          "processed_logprobs")
+    (bundle / "reports").mkdir()
+    (bundle / "reports/tokens.json").write_text(report.model_dump_json(indent=1))
+    return report
+
+
+def _recheck(bundle: Path, report: TokensReport) -> tuple[list[str], str]:
+    (bundle / "reports/tokens.json").write_text(report.model_dump_json(indent=1))
+    return recompute_all(bundle, ("reports/tokens.json",)), restatus(report, bundle)[0]
+
+
+@pytest.fixture(scope="module")
+def failing(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TokensReport]:
+    bundle = tmp_path_factory.mktemp("failing") / "bundle"
+    return bundle, make_bundle(bundle, arm_rows("c", confident_flip={11}, seed=2))
+
+
+def test_an_honest_report_recomputes_and_keeps_its_status(failing) -> None:
+    bundle, report = failing
+    assert report.status == "FAIL" and report.reason.startswith("confident_divergence")
+    assert load_spec("tokens") is not None
+    problems, status = _recheck(bundle, report)
+    assert problems == [] and status == "FAIL"
+    again = TIER_REPORT_ADAPTER.validate_json((bundle / "reports/tokens.json").read_bytes())
+    assert isinstance(again, TokensReport)
+
+
+def test_a_report_that_turns_its_failed_gate_into_a_pass_is_refused(failing) -> None:
+    bundle, report = failing
+    gates = tuple(g.model_copy(update={"result": "PASS"}) for g in report.gates)
+    checks = tuple(c.model_copy(update={"outcome": "pass"}) for c in report.checks)
+    forged = report.model_copy(update={"gates": gates, "checks": checks, "status": "PASS"})
+    problems, status = _recheck(bundle, forged)
+    assert any("gates recompute" in p for p in problems)
+    assert status == "FAIL"
+
+
+def test_a_report_with_an_edited_figure_is_refused(failing) -> None:
+    bundle, report = failing
+    c = report.comparisons[1]
+    forged = report.model_copy(update={"comparisons": (report.comparisons[0],
+                                                       c.model_copy(update={"kl_max": 0.0}))})
+    problems, _ = _recheck(bundle, forged)
+    assert any("comparisons recompute" in p for p in problems)
+
+
+def test_a_report_gated_with_looser_settings_than_the_profile_declared_is_refused(
+        failing) -> None:
+    bundle, report = failing
+    loose = report.config.model_copy(update={"confident_margin_floor": 50.0})  # type: ignore[union-attr]
+    problems, _ = _recheck(bundle, report.model_copy(update={"config": loose}))
+    assert any("profile.json" in p for p in problems)
+
+
+def test_edited_raw_rows_no_longer_give_the_report(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    report = make_bundle(bundle, arm_rows("c", seed=2))
+    assert report.status == "PASS", report.reason
+    path = bundle / arm_file("c")
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    rows[7]["top_logprobs"][30][0] -= 2.0  # B1's choice made much less likely on C
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    problems, status = _recheck(bundle, report)
+    assert any("comparisons recompute" in p for p in problems)
+    assert status == "FAIL"  # the edit is a KL blow-up
+    path.unlink()
+    assert restatus(report, bundle) == ("FAIL", f"raw file {arm_file('c')} is missing")
+
+
+def test_inconclusive_gates_make_the_tier_incomplete_never_pass(tmp_path: Path) -> None:
+    report = make_bundle(tmp_path / "b", arm_rows("c", seed=2), config(min_positions=10**6))
+    assert report.status == "INCOMPLETE"
+    assert report.reason.startswith("inconclusive: confident_divergence")
+    assert restatus(report, tmp_path / "b")[0] == "INCOMPLETE"
+
+
+def test_sides_that_differ_beyond_the_switch_fail_even_a_passing_tier(tmp_path: Path) -> None:
+    bad = SWITCH.model_copy(update={"confirmed": False, "unexpected": ("args.seed: 0 vs 1",),
+                                    "reason": "1 difference(s) beyond the switch: args.seed"})
+    report = make_bundle(tmp_path / "b", arm_rows("c", seed=2), switch=bad)
+    assert report.status == "FAIL" and "beyond the switch" in report.reason
+    assert restatus(report, tmp_path / "b")[0] == "FAIL"
+
+
+def test_an_infrastructure_failure_is_incomplete_with_its_reason(tmp_path: Path) -> None:
+    report = make_bundle(tmp_path / "b", arm_rows("c", seed=2))
+    cut = report.model_copy(update={"arms": report.arms[:1], "gates": (), "comparisons": (),
+                                    "thresholds": None, "failure": "candidate server died",
+                                    "status": "INCOMPLETE",
+                                    "checks": report.checks[-1:]})
+    assert restatus(cut, tmp_path / "b") == ("INCOMPLETE",
+                                             "1 of 3 arm(s) done; candidate server died")
+    assert recompute_all(tmp_path / "b", ("reports/tokens.json",)) == []
+
+
+def test_the_pr_comment_shows_both_comparisons_the_limits_and_each_gate(failing) -> None:
+    _, report = failing
+    body = tier_detail(report).body.replace("\\", "")  # bundle text is markdown-escaped
+    for text in ("A/A (B2 vs B1)", "candidate (C vs B1)", "limit for C", "KL p99",
+                 "confident_divergence: **FAIL**", "identity_rate: **PASS**"):
+        assert text in body, text
