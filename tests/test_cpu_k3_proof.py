@@ -172,8 +172,14 @@ def test_tiny_k3_folder_is_reused_only_while_its_digests_match(tmp_path: Path) -
         (folder / name).write_text("{}")
     (folder / "model.safetensors").write_bytes(b"weights")
     stamp = {"generator": model_prep.TINY_K3_GENERATOR, "seed": model_prep.TINY_K3_SEED,
+             "generator_sha256": model_prep.generator_digest(),
              "files": model_prep._file_digests(folder)}
+    assert len(stamp["generator_sha256"]) == 64  # backend/tiny_k3.py is found
     (folder / model_prep.STAMP_FILE).write_text(json.dumps(stamp))
     assert model_prep.tiny_k3_is_current(folder)
+    older = {**stamp, "generator_sha256": "0" * 64}  # made by another generator source
+    (folder / model_prep.STAMP_FILE).write_text(json.dumps(older))
+    assert not model_prep.tiny_k3_is_current(folder)
+    (folder / model_prep.STAMP_FILE).write_text(json.dumps(stamp))
     (folder / "model.safetensors").write_bytes(b"weightz")
     assert not model_prep.tiny_k3_is_current(folder)

@@ -66,7 +66,7 @@ def test_demo_runs_every_built_tier_and_signs(demo) -> None:
 def test_demo_bundle_holds_raw_samples_and_plots(demo) -> None:
     tmp, _, _ = demo
     bundle = tmp / "run/bundle"
-    for suite in ("gsm8k", "aime25", "gpqa_diamond", "mrcr"):
+    for suite in ("gsm8k", "aime25", "gpqa_diamond", "mrcr_generated"):
         for side in ("baseline", "candidate"):
             rows = (bundle / f"evals/{suite}/{side}.jsonl").read_text().splitlines()
             assert rows and all(json.loads(r)["side"] == side for r in rows)

@@ -24,7 +24,9 @@ N, L = 40, 60
 
 
 def config(**kw: object) -> TokensConfig:
-    base = dict(prompts=N, max_tokens=L, min_prompts=32, min_positions=1000)
+    # the synthetic ties (TIE nats) count as disagreements unless a test raises the margin
+    base = dict(prompts=N, max_tokens=L, min_prompts=32, min_positions=1000,
+                near_tie_margin=TIE / 5)
     return TokensConfig(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -142,6 +144,19 @@ def test_a_drop_in_identity_fails_the_one_sided_mcnemar_gate() -> None:
     assert got["identity_rate"].result == "FAIL"
     assert got["identity_rate"].figures["p"] < 0.05
     assert got["confident_divergence"].result == "PASS" and got["kl"].result == "PASS"
+
+
+def test_flips_at_ties_within_the_near_tie_margin_are_agreement() -> None:
+    """The same 14 flips at TIE-nat ties: disagreements below the declared near-tie margin's
+    reach, agreement once the margin covers them (an arm that differs from B1 only in the last
+    rounding bit flips exact ties without being wrong)."""
+    flips = set(range(0, N, 3))
+    arms = world(arm_rows("c", flip_at_tie=flips, seed=2))
+    strict = gates(arms, config(near_tie_margin=TIE / 5))["identity_rate"]
+    tolerant = gates(arms, config(near_tie_margin=2 * TIE))["identity_rate"]
+    assert strict.result == "FAIL" and strict.figures["c_agree"] == N - len(flips)
+    assert tolerant.result == "PASS" and tolerant.figures["c_agree"] == N
+    assert tolerant.figures["c_exact"] == N - len(flips)  # still reported as not identical
 
 
 def test_too_few_prompts_is_inconclusive_never_pass() -> None:

@@ -231,7 +231,7 @@ def flipped_tokens(routes: dict[int, torch.Tensor], ref: dict[int, torch.Tensor]
     3. a token that turned bad at this layer makes the later tokens of its request bad at this
        layer too (its corruption was already in the layer's attention input), overriding their
        near-tie at this layer.
-    Both executors show near-tie flips with random weights (H200 runs 4-7, 15)."""
+    Both executors show near-tie flips with random weights on the H200 (backend/NOTES.md)."""
     t = next(iter(ref.values())).shape[0]
     reqs = t // q
     dev = next(iter(ref.values())).device

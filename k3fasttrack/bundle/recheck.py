@@ -4,6 +4,9 @@ folder before signing it, ``k3ft verify`` on every bundle; each defect raises it
 - ``run.json`` and every report it lists validate, and every raw file a report cites is there;
 - every tier ``plan.json`` plans has exactly one report listed in ``run.json``, no other tier
   has one, and the bundle holds no report that ``run.json`` leaves out;
+- ``plan.json``'s depth record is the one ``profile.json`` and the recorded suite designs give
+  (``k3fasttrack.depth.recompute``), ``profile.json`` meets its depth, and a run named after a
+  shipped profile has that profile's depth;
 - every tier's summary figures recompute from its raw samples (``TierSpec.recompute``);
 - every tier's status is the one its evidence gives (``TierSpec.restatus``);
 - ``verdict.json`` is, field for field, the verdict those statuses give.
@@ -21,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 from k3fasttrack.bundle.errors import ReportInvalidError, SummaryMismatchError
 from k3fasttrack.bundle.manifest import is_covered, walk_files
 from k3fasttrack.errors import K3ftError
-from k3fasttrack.models.plan import Plan
+from k3fasttrack.models.plan import Plan, SuitePower
 from k3fasttrack.models.reports import TIER_REPORT_ADAPTER, RunRecord, TierReport
 from k3fasttrack.models.verdict import Verdict
 from k3fasttrack.pipeline.verdict import compute_verdict
@@ -107,6 +110,55 @@ def check_plan(root: Path, listed: set[str], run: RunRecord, reports: list[TierR
             raise ReportInvalidError(f"plan.json plans {', '.join(plan.tiers)}, but profile.json "
                                      f"asks for {', '.join(sorted(profiled))}")
     _check_embedded_tiers(run.profile, set(plan.tiers))
+    check_depth(root, listed, plan, reports)
+
+
+def check_depth(root: Path, listed: set[str], plan: Plan, reports: list[TierReport]) -> None:
+    """The plan's depth record against the profile and the evals report: the depth, the token
+    gate's sizes and detectable drops, and each suite's design and minimal detectable drop."""
+    from k3fasttrack.depth import recompute
+    from k3fasttrack.models.profile import Profile
+    from k3fasttrack.profiles import embedded_names, load_profile
+
+    recorded = plan.depth
+    if plan.profile in embedded_names():
+        shipped = load_profile(plan.profile).depth
+        said = recorded.depth if recorded is not None else None
+        if said != shipped:
+            raise ReportInvalidError(
+                f"the run is named after the shipped profile {plan.profile!r}, whose depth is "
+                f"{shipped or 'none'}, but plan.json records depth {said or 'none'}")
+    if PROFILE not in listed:
+        if recorded is not None and recorded.depth is not None:
+            raise ReportInvalidError("plan.json records a depth but the bundle has no "
+                                     "profile.json to recompute it from")
+        return
+    profile = load(root, PROFILE, Profile)
+    if recorded is None:
+        if profile.depth is not None:
+            raise ReportInvalidError(f"profile.json declares depth {profile.depth or 'none'}, "
+                                     "but plan.json records no depth")
+        return
+    expected = recompute(recorded, profile)
+    if expected != recorded:
+        field = next(k for k in type(recorded).model_fields
+                     if getattr(expected, k) != getattr(recorded, k))
+        raise SummaryMismatchError(
+            f"plan.json's depth record disagrees with profile.json in {field}: recorded "
+            f"{_short(getattr(recorded, field))}, recomputed {_short(getattr(expected, field))}")
+    _check_suite_designs(recorded.suites, reports)
+
+
+def _check_suite_designs(suites: tuple[SuitePower, ...], reports: list[TierReport]) -> None:
+    """Each suite the evals report ran was planned with the design it ran under."""
+    planned = {s.suite: s.design for s in suites}
+    for report in reports:
+        for result in getattr(report, "suites", ()) if report.tier == "evals" else ():
+            design = planned.get(result.suite)
+            if design is None or design != result.design:
+                raise SummaryMismatchError(
+                    f"evals ran suite {result.suite} with design {_short(result.design)}, but "
+                    f"plan.json's depth record plans {_short(design)}")
 
 
 def _check_embedded_tiers(name: str, planned: set[str]) -> None:
@@ -204,5 +256,5 @@ def _short(value: object) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-__all__ = ["PLAN", "RUN_RECORD", "VERDICT", "check_plan", "check_run", "check_statuses",
-           "check_verdict", "first_error", "load", "recheck_folder"]
+__all__ = ["PLAN", "RUN_RECORD", "VERDICT", "check_depth", "check_plan", "check_run",
+           "check_statuses", "check_verdict", "first_error", "load", "recheck_folder"]

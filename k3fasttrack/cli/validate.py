@@ -22,6 +22,7 @@ Examples:
   k3ft validate --dry-run                      # the default profile's plan and preflight
   k3ft validate --repo . --base HEAD~1         # run every tier, isolation against HEAD~1
   k3ft validate --profile vllm-k3-gb300 --tp 8 --dry-run --json
+  k3ft validate --profile vllm-k3-gb300 --depth standard --dry-run
 """
 
 
@@ -65,6 +66,11 @@ def _completed(given: Invocation, tp: int | None) -> Invocation:
 def _print_plan(plan: Plan, ready: Readiness) -> None:
     """The plan on stdout; what stops it (or says it will end INCOMPLETE) on stderr."""
     typer.echo(f"plan: profile {plan.profile}, TP{plan.tp}, tiers {', '.join(plan.tiers)}")
+    if plan.depth is not None:
+        from k3fasttrack.depth import describe
+
+        for line in describe(plan.depth):
+            typer.echo(f"  {line}")
     for cell in plan.cells:
         params = " ".join(f"{k}={v}" for k, v in cell.params.items())
         typer.echo(f"  {cell.tier:<10} {cell.id}  {params}")
@@ -137,6 +143,9 @@ def validate_command(
         "switch.")] = None,
     candidate_probe: Annotated[Path | None, typer.Option(
         help="Attach mode: the candidate's probe-plugin JSON.")] = None,
+    depth: Annotated[str | None, typer.Option(
+        help="Refuse unless the profile's depth is this one: smoke, standard or full (default: "
+             "the profile's own depth).")] = None,
     sign: Annotated[bool | None, typer.Option("--sign/--no-sign", help="Sign the bundle here "
                     "(default; --no-sign on a GPU host that must not hold the key; then `k3ft "
                     "sign OUT`).")] = None,
@@ -175,8 +184,12 @@ def validate_command(
         invocation = _resumed(run_out, given, tp, sign, secrets)
     else:
         invocation = _completed(given, tp)
-    _run(load_profile(invocation.profile_ref), invocation, secrets, run_out, resume, dry_run,
-         as_json)
+    prof = load_profile(invocation.profile_ref)
+    if depth is not None:
+        from k3fasttrack.depth import require_depth
+
+        require_depth(prof, depth)
+    _run(prof, invocation, secrets, run_out, resume, dry_run, as_json)
 
 
 def _run(prof: Any, invocation: Invocation, secrets: dict[str, str], run_out: Path | None,

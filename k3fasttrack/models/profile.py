@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from k3fasttrack.models.base import Artefact, Record, TierName
 from k3fasttrack.models.evals import EvalsConfig
@@ -12,6 +13,7 @@ from k3fasttrack.models.features import FeaturesConfig
 from k3fasttrack.models.isolation import IsolationConfig
 from k3fasttrack.models.kernels import KernelsConfig
 from k3fasttrack.models.perf import PerfConfig
+from k3fasttrack.models.plan import DepthName
 from k3fasttrack.models.proof import ProofConfig
 from k3fasttrack.models.serving import ServingConfig
 from k3fasttrack.models.tokens import TokensConfig
@@ -42,6 +44,9 @@ class Profile(Artefact):
     """Human description of the one switch that separates candidate from baseline."""
     tiers: tuple[TierName, ...]
     """Tiers this profile asks for; others are reported NOT_RUN."""
+    depth: DepthName | None = None
+    """smoke, standard or full (``k3fasttrack.depth``): the sizes below the depth's minimums
+    are refused. None: no depth is claimed (the only choice without a serving tier)."""
     bounds: Bounds
     serving: ServingConfig | None = None
     isolation: IsolationConfig = Field(default_factory=IsolationConfig)
@@ -51,3 +56,16 @@ class Profile(Artefact):
     evals: EvalsConfig = Field(default_factory=EvalsConfig)
     features: FeaturesConfig = Field(default_factory=FeaturesConfig)
     perf: PerfConfig = Field(default_factory=PerfConfig)
+
+    @model_validator(mode="after")
+    def _meets_depth(self) -> Profile:
+        """Refuse sizes below the declared depth's minimums, naming each field."""
+        from k3fasttrack.depth import profile_problems
+
+        problems = profile_problems(self)
+        if problems:
+            raise ValidationError.from_exception_data(type(self).__name__, [
+                InitErrorDetails(type=PydanticCustomError("depth", "{why}", {"why": msg}), loc=loc,
+                                 input=None)
+                for loc, msg in problems])
+        return self

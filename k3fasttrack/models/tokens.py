@@ -65,7 +65,11 @@ class TokensConfig(Record):
     """The largest single position varies most: on vLLM CPU, A/A maxima of 0.011-0.034 and an
     n-gram candidate's 0.024-0.07 were measured (see tiers/tokens/NOTES.md)."""
     alpha: float = Field(default=0.05, gt=0, le=0.5)
-    """One-sided level of the exact McNemar test on per-prompt identity (A/A vs C)."""
+    """One-sided level of the exact McNemar test on per-prompt agreement (A/A vs C)."""
+    near_tie_margin: float = Field(default=0.0625, ge=0)
+    """nats: in the identity gate a prompt agrees with B1 when it is identical or its first
+    divergence is at a B1 margin of at most this: a tie in bf16 logits (two rounding steps at
+    |logit| 4-8 are 0.0625) is not a disagreement."""
     min_prompts: int = Field(default=32, ge=1)
     """Fewer prompts than this: the identity gate is INCONCLUSIVE."""
     min_positions: int = Field(default=2000, ge=1)
@@ -161,6 +165,9 @@ class Thresholds(Record):
     """The limits C is held to, computed from the A/A comparison and the declared factors."""
 
     confident_margin: float
+    near_tie: float = 0.0
+    """nats: first divergences at most this far below B1's top token count as agreement in
+    the identity gate (the declared near-tie margin)."""
     kl_p50: float
     kl_p99: float
     kl_max: float

@@ -130,7 +130,9 @@ class Readiness:
 def plan_tiers(profile: Profile, tp: int, options: dict[str, Any],
                command: tuple[str, ...]) -> tuple[Plan, list[str]]:
     """The plan, each tier planned on its own: a tier whose inputs are missing adds no cells and
-    one line saying what is missing, so every other tier is still planned."""
+    one line saying what is missing, so every other tier is still planned. The plan records the
+    depth with what its sizes can detect; a suite file short of the depth is one more line."""
+    from k3fasttrack.depth import plan_record
     from k3fasttrack.tiers.registry import RUN_ORDER, load_spec
 
     cells: list[Cell] = []
@@ -144,7 +146,10 @@ def plan_tiers(profile: Profile, tp: int, options: dict[str, Any],
             cells.extend(spec.plan_cells(profile, tp, options))
         except UsageError as exc:
             missing.append(f"{tier}: {exc.one_line()}")
-    plan = Plan(profile=profile.name, tp=tp, tiers=tiers, cells=tuple(cells), command=command)
+    record, depth_problems = plan_record(profile)
+    missing.extend(f"depth: {line}" for line in depth_problems)
+    plan = Plan(profile=profile.name, tp=tp, tiers=tiers, cells=tuple(cells), command=command,
+                depth=record)
     return plan, missing
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
@@ -147,9 +148,19 @@ def _file_digests(folder: Path) -> dict[str, str]:
             if p.is_file() and p.name != STAMP_FILE}
 
 
+def generator_digest() -> str:
+    """sha256 of the generator's source file (found without importing it), so a changed
+    generator makes a cached model stale; empty when the generator is not importable."""
+    spec = importlib.util.find_spec(TINY_K3_GENERATOR)
+    if spec is None or spec.origin is None or not Path(spec.origin).is_file():
+        return ""
+    return _sha256(Path(spec.origin))
+
+
 def tiny_k3_is_current(model_dir: Path) -> bool:
     """True when ``model_dir`` is a complete tiny K3 whose files match the digests its stamp
-    recorded when it was generated (a truncated or edited file is regenerated)."""
+    recorded when it was generated, by the generator source that is installed now (a truncated
+    or edited file, or a changed generator, means it is generated again)."""
     stamp_path = model_dir / STAMP_FILE
     if not is_complete(model_dir) or not stamp_path.is_file():
         return False
@@ -158,6 +169,7 @@ def tiny_k3_is_current(model_dir: Path) -> bool:
     except ValueError:
         return False
     return (stamp.get("generator") == TINY_K3_GENERATOR and stamp.get("seed") == TINY_K3_SEED
+            and stamp.get("generator_sha256") == generator_digest()
             and stamp.get("files") == _file_digests(model_dir))
 
 
@@ -182,7 +194,7 @@ def ensure_tiny_k3(cache_dir: Path | None = None) -> Path:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise InfrastructureError(f"generating the tiny K3 failed: {last}")
         stamp = {"generator": TINY_K3_GENERATOR, "seed": TINY_K3_SEED,
-                 "files": _file_digests(tmp)}
+                 "generator_sha256": generator_digest(), "files": _file_digests(tmp)}
         (tmp / STAMP_FILE).write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
         tmp.chmod(0o755)
         if target.exists():  # an incomplete or stale leftover: replace it

@@ -79,6 +79,22 @@ def _hardware(env: Environment | None) -> str:
     return f"Hardware: {gpu}. Code under test: {commit}{dirty}. Versions: {versions}."
 
 
+def depth_paragraph(bundle_dir: Path) -> str:
+    """The run's depth and what it can and cannot detect, computed from ``plan.json``'s depth
+    record, as one inert paragraph."""
+    from k3fasttrack.depth import describe
+    from k3fasttrack.models.plan import Plan
+
+    path = bundle_dir / "plan.json"
+    try:
+        plan = Plan.model_validate_json(path.read_bytes())
+    except (OSError, ValueError):
+        return "Depth: unknown (the bundle has no readable plan.json)."
+    if plan.depth is None:
+        return "Depth: not recorded (plan.json has no depth record)."
+    return " ".join(md_text(line, 1000) for line in describe(plan.depth))
+
+
 def _render(ctx: dict[str, Any]) -> str:
     loader = jinja2.PackageLoader("k3fasttrack.summary", "templates")
     env = jinja2.Environment(loader=loader, autoescape=False, keep_trailing_newline=True)
@@ -108,6 +124,7 @@ def render_summary(bundle_dir: Path, *, max_chars: int = 60000,
     ref = safe_ref(bundle_ref or str(bundle_dir))
     ctx: dict[str, Any] = dict(
         marker=MARKER, notice=notice, run=run, verdict=verdict, icon=ICON, hardware=_hardware(env),
+        depth=depth_paragraph(bundle_dir),
         root_digest=root, archive_digest=archive_digest,
         verify_command=f"k3ft verify {ref} --allowed-signers allowed_signers",
         details=[tier_detail(r) for r in reports], cut_note=None,

@@ -44,30 +44,6 @@ def test_rejects():
     raises("row strides", prefix=torch.zeros(2, 7168 + 1, dtype=BF)[:, :7168])
 
 
-def test_upcoming_prefetch_range_checks():
-    """The next kernel's weight to prefetch (`upcoming`): bytes capped by its size and rounded
-    down to 16; nothing to prefetch without a tensor or bytes; bad tensors and CTA counts are
-    refused before any launch (CPU tensors stand in: the check is host-side)."""
-    from backend.k3_decode.ops.attn_res.op import MAX_PREFETCH_CTAS, check_upcoming
-
-    cpu = torch.device("cpu")
-    w = torch.zeros(64, 128, dtype=BF)  # 16384 bytes
-    assert check_upcoming(w, 1000, 32, cpu) == 992
-    assert check_upcoming(w, 1 << 20, 32, cpu) == 16384
-    assert check_upcoming(None, 1 << 20, 32, cpu) == 0
-    assert check_upcoming(w, 0, 32, cpu) == 0
-    with pytest.raises(AttnResInputError, match="upcoming must be a contiguous tensor"):
-        check_upcoming(w.t(), 1024, 32, cpu)
-    with pytest.raises(AttnResInputError, match="not 16-byte aligned"):
-        check_upcoming(w.view(-1)[4:], 1024, 32, cpu)
-    with pytest.raises(AttnResInputError, match="prefetch_ctas=0 is outside"):
-        check_upcoming(w, 1024, 0, cpu)
-    with pytest.raises(AttnResInputError, match=f"prefetch_ctas={MAX_PREFETCH_CTAS + 1}"):
-        check_upcoming(w, 1024, MAX_PREFETCH_CTAS + 1, cpu)
-    with pytest.raises(AttnResInputError, match="upcoming is on cpu, the inputs on meta"):
-        check_upcoming(w, 1024, 32, torch.device("meta"))
-
-
 def test_early_limit_is_the_kernels() -> None:
     """op.py keeps its own copy of the early kernel's block limit (it imports no cutlass): the two
     must agree (the kernel also asserts it when tracing an early build)."""

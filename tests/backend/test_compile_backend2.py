@@ -31,51 +31,36 @@ compile_gemv(GemvKey(7168, 64, False, arch, "mma"))
 compile_gemv(GemvKey(7168, 8, False, arch, "mma", 8))  # split-K across 8 warps
 compile_gemv(GemvKey(1536, 64, True, arch, "mma", 4))
 compile_gemv(GemvKey(7168, 1, False, arch, "simt", 1, True))  # programmatic dependent launch
-compile_gemv(GemvKey(7168, 1, False, arch, "simt", 1, False, True))  # bulk L2 row prefetch
 compile_gemv_normed(GemvNormedKey(3584, 4352, 448, 1e-6, 1, False, arch))  # MoE tail + norm
 compile_gemv_normed(GemvNormedKey(3584, 3840, 224, 1e-6, 2, True, arch))
 compile_gemv_normed(GemvNormedKey(3584, 4352, 448, 1e-6, 2, False, arch))  # the executor's T = 2
+compile_gemv_normed(GemvNormedKey(3584, 4352, 448, 1e-6, 1, False, arch, True))  # dependent
 compile_router(RouterKey(7168, 896, 16, 8, True, 1.0, arch))
 compile_router(RouterKey(7168, 896, 16, 1, True, 1.0, arch, 3584 + 1536))  # + front rows
-compile_router(RouterKey(7168, 896, 16, 1, True, 1.0, arch, 3584 + 1536, True, True))  # rolled, prefetch
+compile_router(RouterKey(7168, 896, 16, 1, True, 1.0, arch, 3584 + 1536, True))  # dependent
 compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch))
 compile_moe(MoeKey(3584, 256, 16, 224, 4.0, 25.0, arch))
 compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6))  # + norm, shared SiTU
 compile_moe(MoeKey(3584, 256, 32, 224, 4.0, 25.0, arch, True, 0, 1e-6))  # 32 slots take turns
 compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 2))  # 16-row corner
 compile_moe(MoeKey(3584, 1024, 8, 896, 4.0, 25.0, arch, True, 0, 1e-6, 1))  # largest I, 8 rows
-compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 1, True))  # tensor-core w13
-compile_moe(MoeKey(3584, 256, 16, 224, 4.0, 25.0, arch, False, 0, 1e-6, 1, True, 8))
-compile_moe(MoeKey(4096, 384, 16, 896, 4.0, 25.0, arch, False, 0, 1e-6, 1, True, 32))
-compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 1, False, 0, True))
-compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 2, False, 0, True))
-compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 1, False, 0, True, 2))  # + tail prefetch
-compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 0, 1e-6, 1, False, 0, True, 0, False,
-                   768, 7168, 2))  # shared rows in the w13 launch (K3_DECODE_SHARED_W13=2)
-compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 0, 1e-6, 1, False, 0, True, 0, False,
-                   768, 7168, 1))
-compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 1, False, 0, True, 0, True))  # f16x2 w13
+compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 1, True))  # deferred
+compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 2, True))
 compile_attn_res(AttnResKey(7168, 8, True, True, True, 1e-6, 1e-6, arch))
-compile_attn_res(AttnResKey(7168, 3, True, False, True, 1e-6, 1e-6, arch, True, 32))  # + prefetches
-# programmatic dependent launches (K3_DECODE_PDL=1): the MoE tail and the rolled router + front
-compile_gemv_normed(GemvNormedKey(3584, 4352, 448, 1e-6, 1, False, arch, True))
-compile_router(RouterKey(7168, 896, 16, 1, True, 1.0, arch, 3584 + 1536, True, False, True))
-compile_moe(MoeKey(3584, 384, 16, 896, 4.0, 25.0, arch, True, 768, 1e-6, 1, False, 0, True, 0, False,
-                   0, 0, 1, True))  # w2 as a dependent launch of w13 (K3_DECODE_PDL_W2)
-compile_attn_res(AttnResKey(7168, 3, True, False, True, 1e-6, 1e-6, arch, False, 0, True))  # PDL
-# session 13 defaults at 1-2 tokens: 4-warp CTAs; the MLA q_a|kv_a|gate GEMV 2 warps per row
-compile_gemv(GemvKey(1536, 1, False, arch, "simt", 1, True, False, 1, 4))
-compile_gemv(GemvKey(7168, 2, False, arch, "simt", 1, True, False, 2, 4))
-compile_gemv(GemvKey(7168, 1, False, arch, "simt", 1, True, False, 4, 4))  # K3_DECODE_QKV_KSPLIT=4
-# session 14: the AttnRes with every load at once (K3_DECODE_ATTNRES_EARLY), up to 4 blocks,
-# as an ordinary and a dependent launch, with and without a block write
-compile_attn_res(AttnResKey(7168, 1, True, False, True, 1e-6, 1e-6, arch, False, 0, False, True))
-compile_attn_res(AttnResKey(7168, 4, True, False, True, 1e-6, 1e-6, arch, False, 0, True, True))
-compile_attn_res(AttnResKey(7168, 1, False, True, True, 1e-6, 1e-6, arch, False, 0, True, True))
+compile_attn_res(AttnResKey(7168, 3, True, False, True, 1e-6, 1e-6, arch))
+# the early-loads body (up to 4 blocks), with and without a block write
+compile_attn_res(AttnResKey(7168, 1, True, False, True, 1e-6, 1e-6, arch, True))
+compile_attn_res(AttnResKey(7168, 4, True, False, True, 1e-6, 1e-6, arch, True))
+compile_attn_res(AttnResKey(7168, 1, False, True, True, 1e-6, 1e-6, arch, True))
+# the executor's SIMT GEMVs at 1-2 tokens: 4-warp CTAs; the MLA q_a|kv_a|gate GEMV 2 or 4 warps
+# per row
+compile_gemv(GemvKey(1536, 1, False, arch, "simt", 1, True, 1, 4))
+compile_gemv(GemvKey(7168, 2, False, arch, "simt", 1, True, 2, 4))
+compile_gemv(GemvKey(7168, 1, False, arch, "simt", 1, True, 4, 4))
 print("COMPILED", arch)
 """
 KERNELS = ("gemv_kernel", "gemv_mma_kernel", "gemv_normed_kernel", "router_kernel",
-           "moe_w13_kernel", "moe_w13_tc_kernel", "moe_w2_kernel",
+           "moe_w13_kernel", "moe_w2_kernel",
            "attn_res_kernel")
 
 
@@ -97,14 +82,14 @@ def test_backend2_kernels_compile_without_spills(arch: str) -> None:
     assert all(s == "0" and ld == "0" for s, ld in spills), f"register spills: {spills}"
     stack = re.findall(r"(\d+) bytes stack frame", text)
     assert stack and all(v == "0" for v in stack), f"local-memory stack frame: {stack}"
-    # gemv_normed's one-token tile (compiled first of the three) asks ptxas for 8 CTAs per SM
-    # on sm_90a: <= 32 registers, so the MoE tail's 896 CTAs fit one wave (NOTES.md session 9)
+    # gemv_normed's one-token tile (compiled first) asks ptxas for 8 CTAs per SM on sm_90a:
+    # <= 32 registers, so the MoE tail's 896 CTAs fit one wave (ops/gemv/NOTES.md)
     regs = [int(r) for r in re.findall(r"Used (\d+) registers", text)]
     normed = [r for (n, _), r in zip(entries, regs, strict=True) if "gemv_normed_kernel" in n]
     assert len(normed) == 4, normed  # the fourth: the one-token tile as a dependent launch
     assert (max(normed[0], normed[3]) <= 32 if arch == "sm_90a" else normed[0] > 0), normed
-    # the router's top-k rounds as a loop (rolled) need fewer registers than unrolled: <= 80
-    # lets 3 CTAs of 256 threads share an SM (unrolled: 96, 2 CTAs; NOTES.md session 10)
+    # the router's top-k rounds as a loop need <= 80 registers at one token: 3 CTAs of 256
+    # threads share an SM (unrolled they took 96, 2 CTAs; ops/router/NOTES.md)
     router = [r for (n, _), r in zip(entries, regs, strict=True) if "router_kernel" in n]
-    assert len(router) == 4, router
-    assert max(router[2], router[3]) <= 80 < min(router[:2]), router
+    assert len(router) == 3, router
+    assert max(router[1:]) <= 80, router

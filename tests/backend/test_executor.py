@@ -134,7 +134,8 @@ def test_packed_front_and_tail_compute_the_same_moe() -> None:
 def test_attn_res_op_matches_reference() -> None:
     g = torch.Generator().manual_seed(10)
     t, nb, hdim = 3, 3, CFG.hidden
-    prefix, delta = torch.randn(t, hdim, generator=g, dtype=F64), torch.randn(t, hdim, generator=g, dtype=F64)
+    prefix = torch.randn(t, hdim, generator=g, dtype=F64)
+    delta = torch.randn(t, hdim, generator=g, dtype=F64)
     blocks = torch.randn(t, nb, hdim, generator=g, dtype=F64)
     ws = [torch.randn(hdim, generator=g, dtype=F64) for _ in range(3)]
     p2, b2 = prefix.clone(), blocks.clone()
@@ -216,7 +217,7 @@ def test_dense_padding_keeps_the_math() -> None:
 
 @pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.bfloat16])
 def test_torch_prep_fallback_matches_the_torch_ops(cache_dtype: torch.dtype) -> None:
-    """K3_DECODE_PREP=torch's stand-ins compute what TorchOps computes (float32)."""
+    """The `DecodeSettings.torch_prep` stand-ins compute what TorchOps computes (float32)."""
     from backend.k3_decode.executor.kernel_ops import torch_mla_kv_insert, torch_rms_glu_prep
     from backend.k3_decode.executor.torch_ops import rms, situ_glu, write_latent_rows
 
@@ -240,7 +241,7 @@ def test_torch_prep_fallback_matches_the_torch_ops(cache_dtype: torch.dtype) -> 
     assert torch.equal(cache.view(torch.uint8), want.view(torch.uint8))
     assert float(cache[0].float().abs().sum()) > 0 and float(cache[2:].float().abs().sum()) > 0
     assert float(cache[0, 4:].float().abs().sum()) == 0  # only position 3 of block 0 written
-    # the fused stand-in (the executor's MLA prep under K3_DECODE_PREP=torch) = the two above
+    # the fused stand-in (the executor's MLA prep with torch_prep) = the two above
     from backend.k3_decode.executor.kernel_ops import torch_mla_prep
 
     fused, q_out = torch.zeros_like(cache), torch.empty(4, 256)

@@ -30,6 +30,7 @@ from backend.k3_decode.executor.state import blocks_needed, make_caches, synthet
 from backend.k3_decode.executor.torch_ops import TorchOps
 from backend.k3_decode.executor.weights import random_model
 from backend.k3_decode.reference.moe import route
+from backend.k3_decode.settings import DecodeSettings
 from backend.k3_decode.testing import (
     check_and_record,
     flipped_tokens,
@@ -52,7 +53,8 @@ def _weights(tp: int, depth: int, experts: int):
     return _MODELS[key]
 
 
-def _three(tp: int, depth: int, experts: int, reqs: int, q: int, ctx: int):
+def _three(tp: int, depth: int, experts: int, reqs: int, q: int, ctx: int,
+           settings: DecodeSettings | None = None):
     cfg = k3_config(tp)
     w = _weights(tp, depth, experts)
     inp = synthetic_step(reqs, q, ctx, vocab=w.lm_head.shape[0], seed=reqs * 10 + q,
@@ -62,7 +64,7 @@ def _three(tp: int, depth: int, experts: int, reqs: int, q: int, ctx: int):
     ref = Executor(TorchOps(cfg, torch.float64), w, caches.clone(), max_tokens=reqs * q,
                    dtype=torch.float64)
     stock = Executor(TorchOps(cfg), w, caches.clone(), max_tokens=reqs * q)
-    spec = Executor(KernelOps(cfg, max_context=ctx), w, caches, max_tokens=reqs * q)
+    spec = Executor(KernelOps(cfg, settings, max_context=ctx), w, caches, max_tokens=reqs * q)
     return ref, stock, spec, inp
 
 
@@ -182,97 +184,53 @@ def _same_replay(ex: Executor, base: Executor, inp, op: str, case: str) -> bool:
 
 
 def test_router_on_a_side_stream_gives_the_same_step() -> None:
-    """``KernelOps(side_stream=True)`` (router beside the front projection, forked and joined
+    """``DecodeSettings(side_stream=True)`` (router beside the front projection, forked and joined
     inside the CUDA graph) replays to the same logits, bit for bit, as the one-stream executor:
     same kernels, deterministic reductions, only the launch order differs."""
     _, _, spec, inp = _three(8, 5, 896, 4, 2, 1024)
-    side = Executor(KernelOps(spec.weights.config, max_context=1024, side_stream=True),
-                    spec.weights, spec.caches.clone(), max_tokens=8)
+    side = Executor(KernelOps(spec.weights.config, DecodeSettings(side_stream=True),
+                              max_context=1024), spec.weights, spec.caches.clone(), max_tokens=8)
     assert _same_replay(side, spec, inp, "executor_side_stream", "tp8-r4-q2-graph-replay-bitwise")
 
 
-@pytest.mark.variant
-@pytest.mark.parametrize("reqs,shared", [(1, "0"), (2, "0"), (1, "1"), (2, "2")])
-def test_one_token_router_on_a_side_stream(reqs: int, shared: str, monkeypatch) -> None:
-    """At 1-2 tokens with ``K3_DECODE_ROUTER_FRONT=0`` and a side stream the router runs beside
-    the plain SIMT front GEMV instead of carrying the front rows in its own launch; with
-    ``K3_DECODE_SHARED_W13`` as well the front GEMV keeps the latent rows only and the shared
-    rows ride in the w13 launch. With one column slice per shared row ("1") the graph replay
-    gives the default executor's logits bit for bit (same sums, only the launches differ);
-    with two ("2") the shared gate / up sums are added in another order, so the one-step
-    first MoE layer's outputs are compared within bf16 noise (its input is the same on both
-    sides, so no route can flip before it). The MLA + MoE layer launches one kernel more
-    (router and front apart), and its MoE compile key carries the shared rows."""
-    for knob in ("K3_DECODE_ROUTER_FRONT", "K3_DECODE_SHARED_W13"):
-        monkeypatch.delenv(knob, raising=False)
+@pytest.mark.parametrize("reqs", [1, 2])
+def test_one_token_router_on_a_side_stream(reqs: int) -> None:
+    """At 1-2 tokens with ``router_front=False`` and a side stream the router runs beside the
+    plain SIMT front GEMV instead of carrying the front rows in its own launch: the graph
+    replay gives the default executor's logits bit for bit (same sums, only the launches
+    differ), and the MLA + MoE layer launches one kernel more."""
     _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
-    monkeypatch.setenv("K3_DECODE_ROUTER_FRONT", "0")
-    monkeypatch.setenv("K3_DECODE_SHARED_W13", shared)
-    other = Executor(KernelOps(spec.weights.config, max_context=1024, side_stream=True),
-                     spec.weights, spec.caches.clone(), max_tokens=reqs)
-    label = f"router_front=0,side,shared_w13={shared}/r{reqs}"
-    if shared in ("0", "1"):
-        assert _same_replay(other, spec, inp, "executor_variant", f"{label}-bitwise")
-    else:
-        _, seen_a, _ = _run(other, inp)
-        _, seen_b, _ = _run(spec, inp)
-        first_moe = 1  # layer 1 is the first KDA + MoE layer: identical input on both sides
-        rel = _rel(seen_a[first_moe], seen_b[first_moe])
-        diff = float((seen_a[first_moe] - seen_b[first_moe]).abs().max())
-        ok = record_case(op="executor_variant", case=f"{label}-layer1-rel", dtype="bfloat16",
-                         max_abs_err=diff, max_rel_err=rel, atol=0.0, rtol=5e-3)
-        assert ok, rel
-    keys: list = []
-    with _compile_keys(monkeypatch, keys):
-        names = M.layer_kernels(other, 3, inp)
+    other = Executor(KernelOps(spec.weights.config,
+                               DecodeSettings(router_front=False, side_stream=True),
+                               max_context=1024), spec.weights, spec.caches.clone(),
+                     max_tokens=reqs)
+    assert _same_replay(other, spec, inp, "executor_variant",
+                        f"router_front=0,side/r{reqs}-bitwise")
+    names = M.layer_kernels(other, 3, inp)
     assert len(names) == len(M.layer_kernels(spec, 3, inp)) + 1
-    if shared != "0":  # the knob took effect: the MoE launch was compiled with the shared rows
-        assert any(k[0] == "compile_moe" and f"sh_rows=768, sh_k=7168, sh_split={shared}"
-                   in k[1] for k in keys), keys
 
 
-@pytest.mark.parametrize("reqs,side,w2", [
-    (1, False, False), (4, False, False), (1, True, False),
-    pytest.param(1, False, True, marks=pytest.mark.variant),  # K3_DECODE_PDL_W2: opt-in
-    pytest.param(8, False, True, marks=pytest.mark.variant),
-    pytest.param(1, False, "attnres", marks=pytest.mark.variant),  # K3_DECODE_PDL_ATTNRES
-    pytest.param(2, True, "attnres", marks=pytest.mark.variant),
-    pytest.param(1, False, "mla", marks=pytest.mark.variant),  # + the MLA chain (session 13)
-    pytest.param(2, False, "mla", marks=pytest.mark.variant),
-    pytest.param(4, False, "mla", marks=pytest.mark.variant)])
-def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool, w2: bool | str,
-                                      monkeypatch) -> None:
-    """``KernelOps(pdl=True)`` (SIMT GEMVs as programmatic dependent launches: weight loads start
-    while the previous kernel runs, x is read after ``griddepcontrol.wait``) replays to the same
-    logits, bit for bit, as ordinary launches, over replays whose inputs change from one step to
-    the next (a GEMV that read its input before the wait would see the previous step's values).
-    1 request: every GEMV is SIMT, so PDL; 4 requests: tensor-core GEMVs (never PDL) beside the
-    SIMT ones; (1, side): the router on a side stream beside the PDL front GEMV; `w2`:
-    ``K3_DECODE_PDL_W2=1``, the MoE w2 kernel a dependent launch of w13 as well; "attnres":
-    ``K3_DECODE_PDL_ATTNRES=1``, every AttnRes launch a dependent one; "mla": that and the MLA
-    q_b + absorb launch as a dependent launch too (``K3_DECODE_PDL_QBA``). The MLA attention
-    and combine at 1-2 tokens are dependent launches in every case (``K3_DECODE_PDL_ATTEND`` /
-    ``_COMBINE``, defaults since session 13; at 4 tokens they are ordinary)."""
-    mla = w2 == "mla"
-    attnres = w2 in ("attnres", "mla")
-    w2 = w2 is True
-    monkeypatch.setenv("K3_DECODE_PDL_W2", "1" if w2 else "0")
-    monkeypatch.setenv("K3_DECODE_PDL_ATTNRES", "1" if attnres else "0")
-    monkeypatch.setenv("K3_DECODE_PDL_QBA", "1" if mla else "0")
-    for knob in ("K3_DECODE_PDL_ATTEND", "K3_DECODE_PDL_COMBINE"):
-        monkeypatch.delenv(knob, raising=False)
-    if side:
-        monkeypatch.setenv("K3_DECODE_ROUTER_FRONT", "0")  # router and front GEMV apart
+@pytest.mark.parametrize("reqs,side", [(1, False), (2, False), (4, False), (1, True)])
+def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool) -> None:
+    """``DecodeSettings(pdl=True)`` (SIMT GEMVs, the router and the MoE tail as programmatic
+    dependent launches: weight loads start while the previous kernel runs, x is read after
+    ``griddepcontrol.wait``; at 1-2 tokens the MLA attention and combine too) replays to the
+    same logits, bit for bit, as ordinary launches, over replays whose inputs change from one
+    step to the next (a kernel that read its input before the wait would see the previous
+    step's values). 1-2 requests: every GEMV is SIMT, so dependent; 4 requests: tensor-core
+    GEMVs (never dependent) beside the SIMT ones; (1, side): the router on a side stream beside
+    the dependent front GEMV."""
     _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
     cfg = spec.weights.config
     other = synthetic_step(reqs, 1, 1024, vocab=spec.weights.lm_head.shape[0], seed=97,
                            device="cuda")
     assert not torch.equal(other.token_ids, inp.token_ids)
-    plain = Executor(KernelOps(cfg, max_context=1024, side_stream=side, pdl=False),
+    base = DecodeSettings(side_stream=side, router_front=not side)
+    plain = Executor(KernelOps(cfg, base.replace(pdl=False), max_context=1024),
                      spec.weights, spec.caches.clone(), max_tokens=reqs)
-    pdl = Executor(KernelOps(cfg, max_context=1024, side_stream=side, pdl=True), spec.weights,
+    pdl = Executor(KernelOps(cfg, base, max_context=1024), spec.weights,
                    spec.caches.clone(), max_tokens=reqs)
-    assert pdl.ops.pdl and not plain.ops.pdl
+    assert pdl.ops._gemv.keywords["pdl"] and not plain.ops._gemv.keywords["pdl"]
     g_plain, g_pdl = plain.capture(inp), pdl.capture(inp)
     pairs, nonfinite = [], 0
     for step in (other, inp, other, inp):
@@ -281,13 +239,7 @@ def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool, w2: bool | str,
         torch.cuda.synchronize()
         pairs.append((got, want))
         nonfinite += int((~torch.isfinite(want)).sum())
-    assert pdl.ops._moe.keywords["pdl"] is w2 and plain.ops._moe.keywords["pdl"] is False
-    assert pdl.ops._attn_res.keywords["pdl"] is attnres
-    assert (pdl.ops._pdl_qba, pdl.ops._pdl_attend, pdl.ops._pdl_combine) == (mla, True, True)
-    assert not (plain.ops._pdl_attend or plain.ops._pdl_combine)
-    extra = "-mla" if mla else "-attnres" if attnres else ""
-    same = record_bitwise("executor_pdl",
-                          f"tp8-r{reqs}-side{int(side)}-w2{int(w2)}{extra}-4-replays-bitwise",
+    same = record_bitwise("executor_pdl", f"tp8-r{reqs}-side{int(side)}-4-replays-bitwise",
                           "float32", pairs, bad=nonfinite)
     worst = max(float((a - b).abs().max()) for a, b in pairs)
     assert same, f"PDL changed the logits (max abs diff {worst}, {nonfinite} non-finite)"
@@ -297,37 +249,30 @@ def test_pdl_gemvs_give_the_same_step(reqs: int, side: bool, w2: bool | str,
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-@pytest.mark.parametrize("knob,value,compiler,key,reqs", [
-    ("K3_DECODE_MLA_TILE32", "0", "compiled_mla_decode", "fp8_tile=32", 1),
-    ("K3_DECODE_QKV_KSPLIT", "1", "compile_gemv", "ksplit=2", 2),
-    pytest.param("K3_DECODE_MLA_TILE32", "0", "compiled_mla_decode", "fp8_tile=32", 2,
-                 marks=pytest.mark.variant),
-    pytest.param("K3_DECODE_QKV_KSPLIT", "1", "compile_gemv", "ksplit=2", 1,
-                 marks=pytest.mark.variant),
-    pytest.param("K3_DECODE_QKV_KSPLIT", "4", "compile_gemv", "ksplit=2", 1,
-                 marks=pytest.mark.variant)])
-def test_reordering_variants_agree(knob: str, value: str, compiler: str, key: str, reqs: int,
-                                   monkeypatch) -> None:
-    """Session 13's defaults that add in another order than before, so give other bits: 32-token
-    fp8 tiles at 1-2 tokens (``K3_DECODE_MLA_TILE32``: other splits, other partial sums) and the
-    q_a|kv_a|gate GEMV's rows over 2 warps (``K3_DECODE_QKV_KSPLIT=2``), each against the
-    executor with it turned back (and with 4 warps per row, opt-in). One step's logits are
-    within 2e-2 (relative Frobenius) of the default executor's, with the same top-1 tokens, and
-    the knob took effect (the default's compile key ``key`` is looked up by the default
-    executor only). The layers hand bf16 rows on, so one output rounded the other way moves
-    the logits by a few 1e-3 (H200, session 13: 4.9e-3 and 4.5e-3 with 32-token tiles at 1 and
-    4 requests); a wrong kernel by O(1)."""
-    monkeypatch.delenv(knob, raising=False)
+@pytest.mark.parametrize("field,value,compiler,key,reqs", [
+    ("mla_tile32", False, "compiled_mla_decode", "fp8_tile=32", 1),
+    ("qkv_ksplit", 1, "compile_gemv", "ksplit=2", 2)])
+def test_reordering_variants_agree(field: str, value: bool | int, compiler: str, key: str,
+                                   reqs: int, monkeypatch) -> None:
+    """The defaults that add in another order than the alternative, so give other bits:
+    32-token fp8 tiles at 1-2 tokens (``mla_tile32``: other splits, other partial sums) and the
+    q_a|kv_a|gate GEMV's rows over 2 warps (``qkv_ksplit=2``), each against the executor with
+    it turned back. One step's logits are within 2e-2 (relative Frobenius) of the default
+    executor's, with the same top-1 tokens, and the setting took effect (the default's compile
+    key ``key`` is looked up by the default executor only). The layers hand bf16 rows on, so
+    one output rounded the other way moves the logits by a few 1e-3 (H200: 4.9e-3 and 4.5e-3
+    with 32-token tiles at 1 and 4 requests); a wrong kernel by O(1)."""
     _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
-    monkeypatch.setenv(knob, value)
-    other = Executor(KernelOps(spec.weights.config, max_context=1024), spec.weights,
-                     spec.caches.clone(), max_tokens=reqs)
+    other = Executor(KernelOps(spec.weights.config, DecodeSettings().replace(**{field: value}),
+                               max_context=1024), spec.weights, spec.caches.clone(),
+                     max_tokens=reqs)
     a, b = spec.step(inp).float().clone(), other.step(inp).float().clone()
     rel = float((a - b).norm() / a.norm())
-    ok = record_case(op="executor_variant", case=f"{knob}={value}/r{reqs}-logits-rel",
+    label = f"{field}={value}/r{reqs}"
+    ok = record_case(op="executor_variant", case=f"{label}-logits-rel",
                      dtype="float32", max_abs_err=float((a - b).abs().max()), max_rel_err=rel,
                      atol=0.0, rtol=2e-2)
-    top1 = record_bitwise("executor_variant", f"{knob}={value}/r{reqs}-top1", "int64",
+    top1 = record_bitwise("executor_variant", f"{label}-top1", "int64",
                           [(a.argmax(-1), b.argmax(-1))])
     assert ok and top1, rel
     keys_spec: list = []
@@ -355,40 +300,30 @@ def test_kda_moe_layer_kernel_count() -> None:
     assert len(base) > len(names4)
 
 
-@pytest.mark.parametrize("qb,qba,fused", [("1", "1", "0"), ("1", "0", "0"), ("0", "1", "0"),
-                                           ("1", "0", "1"), ("1", "1", "1")])
-def test_mla_moe_layer_kernel_count(qb: str, qba: str, fused: str,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("qb,qba", [(True, True), (True, False), (False, True)])
+def test_mla_moe_layer_kernel_count(qb: bool, qba: bool) -> None:
     """Kernels one MLA + MoE layer launches at 1 token: 11 by default (AttnRes x2, q_a|kv_a|gate
     GEMV, the q_b projection with the q norm, the cache insert and the MLA decode's absorb in
     its launch, attend / combine, o_proj, router + front, two expert kernels, tail GEMV); one
-    more with `K3_DECODE_MLA_QBA=0` (absorb apart), two more with `K3_DECODE_MLA_QB=0` (the
-    separate q norm + cache insert launch, the q_b GEMV, absorb); with absorb apart,
-    `K3_DECODE_MLA_FUSED=1` makes absorb / attend / combine one launch (10). At 4 tokens: the q
-    norm + cache insert launch before the q_b GEMV, router and front apart, and the MLA decode
-    fused only where its grid fits on the GPU at once (14 launches with it apart)."""
-    monkeypatch.setenv("K3_DECODE_MLA_QB", qb)
-    monkeypatch.setenv("K3_DECODE_MLA_QBA", qba)
-    monkeypatch.setenv("K3_DECODE_MLA_FUSED", fused)
-    _, _, spec, inp = _three(8, 5, 896, 1, 1, 1024)
+    more with ``mla_qb_absorb=False`` (absorb apart), two more with ``mla_qb=False`` (the
+    separate q norm + cache insert launch, the q_b GEMV, absorb). At 4 tokens: the q norm +
+    cache insert launch before the q_b GEMV, router and front apart (14 launches)."""
+    settings = DecodeSettings(mla_qb=qb, mla_qb_absorb=qba)
+    _, _, spec, inp = _three(8, 5, 896, 1, 1, 1024, settings)
     pos = next(i for i, x in enumerate(spec.weights.layers) if x.kind == "mla")
     names = M.layer_kernels(spec, pos, inp)
-    _, _, spec4, inp4 = _three(8, 5, 896, 4, 1, 1024)
+    _, _, spec4, inp4 = _three(8, 5, 896, 4, 1, 1024, settings)
     names4 = M.layer_kernels(spec4, pos, inp4)
-    in_qb = qb == "1" and qba == "1"  # absorb rides in the q_b launch
-    one_core = fused == "1" and not in_qb
-    want = 12 - in_qb + (qb == "0") - 2 * one_core
-    # 4 requests at 1k: 16 splits, 48 + 64 + 48 = 160 CTAs, more than the GPU's SMs: never fused
-    core4 = sum("mla_core" in n for n in names4)
-    _record_counts(f"mla_moe_layer qb={qb} qba={qba} fused={fused} spec={len(names)} "
-                   f"spec_b4={len(names4)}", [len(names), len(names4), core4], [want, 14, 0])
+    in_qb = qb and qba  # absorb rides in the q_b launch
+    want = 12 - in_qb + (not qb)
+    _record_counts(f"mla_moe_layer qb={int(qb)} qba={int(qba)} spec={len(names)} "
+                   f"spec_b4={len(names4)}", [len(names), len(names4)], [want, 14])
     assert len(names) == want, names
     assert len(names4) == 14, names4
     assert sum("mla_qba_kernel" in n for n in names) == in_qb, names
-    assert sum("mla_qb_kernel" in n for n in names) == (qb == "1" and not in_qb), names
-    assert sum("absorb_kernel" in n for n in names) == (not in_qb and not one_core), names
-    assert sum("mla_prep" in n for n in names) == (qb == "0"), names
-    assert sum("mla_core" in n for n in names) == one_core, names
+    assert sum("mla_qb_kernel" in n for n in names) == (qb and not in_qb), names
+    assert sum("absorb_kernel" in n for n in names) == (not in_qb), names
+    assert sum("mla_prep" in n for n in names) == (not qb), names
     assert sum("mla_prep" in n for n in names4) == 1, names4
     assert sum("absorb_kernel" in n for n in names4) == 1, names4
 
@@ -396,8 +331,8 @@ def test_mla_moe_layer_kernel_count(qb: str, qba: str, fused: str,
 @pytest.mark.parametrize("profile", ["k3-hopper", "k3-hopper-perf"])
 def test_profile_kernel_patterns_match_one_step(profile: str) -> None:
     """Every kernel pattern the profile's proof tier looks for in the perf traces names a kernel
-    a batch-1 and a batch-4 step really launch (run 29: the proof tier failed on a pattern for
-    the cache-insert kernel that the fused q-norm + insert launch had replaced)."""
+    a batch-1 and a batch-4 step really launch (a pattern for a kernel that another launch has
+    replaced would fail the proof tier)."""
     import re
 
     from k3fasttrack.profiles import load_profile
@@ -414,33 +349,28 @@ def test_profile_kernel_patterns_match_one_step(profile: str) -> None:
     assert patterns and not missing, missing
 
 
-def test_router_front_launch_gives_the_same_step(monkeypatch) -> None:
+def test_router_front_launch_gives_the_same_step() -> None:
     """At 2 tokens the router + front projection launch (default) replays to the same logits,
-    bit for bit, as separate router and front GEMV launches (``K3_DECODE_ROUTER_FRONT=0``): the
+    bit for bit, as separate router and front GEMV launches (``router_front=False``): the
     same per-row dot products, only the launch differs."""
-    monkeypatch.setenv("K3_DECODE_ROUTER_FRONT", "1")
     _, _, spec, inp = _three(8, 5, 896, 2, 1, 1024)
     assert len(M.layer_kernels(spec, 1, inp)) == 9
-    monkeypatch.setenv("K3_DECODE_ROUTER_FRONT", "0")
-    apart = Executor(KernelOps(spec.weights.config, max_context=1024), spec.weights,
-                     spec.caches.clone(), max_tokens=2)
+    apart = Executor(KernelOps(spec.weights.config, DecodeSettings(router_front=False),
+                               max_context=1024), spec.weights, spec.caches.clone(), max_tokens=2)
     assert _same_replay(spec, apart, inp, "executor_router_front", "tp8-r2-graph-replay-bitwise")
     assert len(M.layer_kernels(apart, 1, inp)) == 10
 
 
 @pytest.mark.parametrize("reqs", [1, 2])
-def test_moe_norm_in_the_tail_gemv_matches_the_w2_epilogue(reqs: int, monkeypatch) -> None:
+def test_moe_norm_in_the_tail_gemv_matches_the_w2_epilogue(reqs: int) -> None:
     """At 1-2 tokens the latent RMSNorm runs inside the tail GEMV (`gemv_normed`, default) or in
-    the w2 kernel's ticket epilogue (``K3_DECODE_MOE_NORM=w2``): the same kernel count per layer,
+    the w2 kernel's ticket epilogue (``moe_norm_in_tail=False``): the same kernel count per layer,
     and the MoE block on one input agrees with float64 as well either way (compared per block:
     across a whole step a last-bit difference can flip a near-tied expert in a later layer)."""
-    monkeypatch.setenv("K3_DECODE_MOE_NORM", "gemv")
     ref, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
-    monkeypatch.setenv("K3_DECODE_MOE_NORM", "w2")
     cfg = spec.weights.config
-    w2 = Executor(KernelOps(cfg, max_context=1024), spec.weights, spec.caches.clone(),
-                  max_tokens=reqs)
-    assert spec.ops._norm_in_gemv and not w2.ops._norm_in_gemv
+    w2 = Executor(KernelOps(cfg, DecodeSettings(moe_norm_in_tail=False), max_context=1024),
+                  spec.weights, spec.caches.clone(), max_tokens=reqs)
     ffn = spec.weights.layers[1].ffn  # KDA + MoE
     g = torch.Generator(device="cuda").manual_seed(11 + reqs)
     h = torch.randn(reqs, cfg.hidden, device="cuda", generator=g).to(torch.bfloat16)
@@ -460,25 +390,19 @@ def test_moe_norm_in_the_tail_gemv_matches_the_w2_epilogue(reqs: int, monkeypatc
     assert ok and len(names_a) == len(names_b), (err, names_a, names_b)
     assert any("gemv_normed" in n for n in names_a), names_a
     assert not any("gemv_normed" in n for n in names_b), names_b
-    monkeypatch.setenv("K3_DECODE_MOE_NORM", "nope")
-    with pytest.raises(ValueError, match="K3_DECODE_MOE_NORM='nope'"):
-        KernelOps(cfg)
 
 
 @pytest.mark.parametrize("reqs", [1, 2])
-def test_mla_qb_launch_matches_the_separate_q_norm(reqs: int, monkeypatch) -> None:
+def test_mla_qb_launch_matches_the_separate_q_norm(reqs: int) -> None:
     """At 1-2 tokens the q_a RMSNorm and the cache insert ride in the q_b projection's launch
     (`mla_qb`, default) or run as one `mla_prep` launch before the q_b GEMV
-    (``K3_DECODE_MLA_QB=0``): the MLA attention block on one input agrees with float64 as well
+    (``mla_qb=False``): the MLA attention block on one input agrees with float64 as well
     either way (the fused path does not round the normalised row to bf16), one launch fewer."""
-    monkeypatch.setenv("K3_DECODE_MLA_QB", "1")
-    monkeypatch.setenv("K3_DECODE_MLA_QBA", "0")  # absorb apart in both (see the next test)
-    ref, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
-    monkeypatch.setenv("K3_DECODE_MLA_QB", "0")
+    base = DecodeSettings(mla_qb_absorb=False)  # absorb apart in both (see the next test)
+    ref, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024, base)
     cfg = spec.weights.config
-    apart = Executor(KernelOps(cfg, max_context=1024), spec.weights, spec.caches.clone(),
-                     max_tokens=reqs)
-    assert spec.ops._mla_qb is not None and apart.ops._mla_qb is None
+    apart = Executor(KernelOps(cfg, base.replace(mla_qb=False), max_context=1024), spec.weights,
+                     spec.caches.clone(), max_tokens=reqs)
     layer = next(x for x in spec.weights.layers if x.kind == "mla")
     g = torch.Generator(device="cuda").manual_seed(21 + reqs)
     h = torch.randn(reqs, cfg.hidden, device="cuda", generator=g).to(torch.bfloat16)
@@ -502,19 +426,15 @@ def test_mla_qb_launch_matches_the_separate_q_norm(reqs: int, monkeypatch) -> No
 
 
 @pytest.mark.parametrize("reqs", [1, 2])
-def test_mla_qba_launch_gives_the_same_mla_block(reqs: int, monkeypatch) -> None:
+def test_mla_qba_launch_gives_the_same_mla_block(reqs: int) -> None:
     """At 1-2 tokens the MLA decode's absorb rides in the q_b projection's launch
-    (`mla_qb_absorb`, default) or runs as its own launch (``K3_DECODE_MLA_QBA=0``): the MLA
+    (`mla_qb_absorb`, default) or runs as its own launch (``mla_qb_absorb=False``): the MLA
     block's output and the cache it writes are the same bytes either way (the same sums in the
     same order), one launch fewer; and the whole step replays to the same logits."""
-    monkeypatch.setenv("K3_DECODE_MLA_QB", "1")
-    monkeypatch.setenv("K3_DECODE_MLA_QBA", "1")
     _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
-    monkeypatch.setenv("K3_DECODE_MLA_QBA", "0")
     cfg = spec.weights.config
-    apart = Executor(KernelOps(cfg, max_context=1024), spec.weights, spec.caches.clone(),
-                     max_tokens=reqs)
-    assert spec.ops._mla_qba is not None and apart.ops._mla_qba is None
+    apart = Executor(KernelOps(cfg, DecodeSettings(mla_qb_absorb=False), max_context=1024),
+                     spec.weights, spec.caches.clone(), max_tokens=reqs)
     layer = next(x for x in spec.weights.layers if x.kind == "mla")
     g = torch.Generator(device="cuda").manual_seed(31 + reqs)
     h = torch.randn(reqs, cfg.hidden, device="cuda", generator=g).to(torch.bfloat16)
@@ -574,80 +494,6 @@ def _agrees(ref: Executor, cand: Executor, base: Executor, names: tuple[str, str
                      max_abs_err=c["kl_median"], max_rel_err=c["kl_median"], atol=0.0,
                      rtol=2 * b["kl_median"] + 1e-4)
     return top1 and kl, res
-
-
-def _opt_in(*args):
-    return pytest.param(*args, marks=pytest.mark.variant)
-
-
-@pytest.mark.parametrize(("knob", "value", "reqs"), [
-    ("K3_DECODE_ROUTER_ROLLED", "0", 1), ("K3_DECODE_ROUTER_ROLLED", "0", 2),
-    _opt_in("K3_DECODE_GEMV_PREFETCH", "1", 1), ("K3_DECODE_MLA_SMALL_TPC", "0", 1),
-    ("K3_DECODE_MLA_SMALL_TPC", "0", 2), _opt_in("K3_DECODE_ATTNRES_PREFETCH", "1", 1),
-    _opt_in("K3_DECODE_NEXT_PREFETCH_MB", "12", 1), _opt_in("K3_DECODE_TAIL_PREFETCH_MB", "16", 1),
-    _opt_in("K3_DECODE_OPROJ_PREFETCH_MB", "16", 1),
-    _opt_in("K3_DECODE_OPROJ_PREFETCH_MB", "16", 2), _opt_in("K3_DECODE_SHARED_W13", "1", 1),
-    _opt_in("K3_DECODE_SHARED_W13", "1", 2), _opt_in("K3_DECODE_QBA_OPROJ_PREFETCH_MB", "16", 1),
-    _opt_in("K3_DECODE_QBA_OPROJ_PREFETCH_MB", "22", 2), ("K3_DECODE_GEMV_WARPS", "8", 1),
-    _opt_in("K3_DECODE_GEMV_WARPS", "2", 2), ("K3_DECODE_ATTNRES_EARLY", "0", 1),
-    _opt_in("K3_DECODE_ATTNRES_EARLY", "0", 2)])
-def test_session10_variants_give_the_same_step(knob: str, value: str, reqs: int,
-                                               monkeypatch) -> None:
-    """Each variant of session 10 (rolled router rounds and 4-token MLA absorb / combine CTAs,
-    defaults since session 11, and session 14's AttnRes with every load at once, here turned
-    off with "0"; the opt-in ones, marked `variant`:
-    GEMV row prefetch, AttnRes block prefetch, next-weight prefetch CTAs in the AttnRes,
-    w13 and combine launches; session 12's shared-expert rows in the w13 launch with one
-    column slice per row) replays the whole
-    step to the same logits, bit for bit, as the default executor, with the same kernel count
-    per MLA + MoE layer: none changes an operation's arithmetic or its order. The knob must
-    also have taken effect: some kernel of that layer carries different compile-time values
-    in its compile key (a knob that silently did nothing would pass the bitwise check alone).
-    The keys are read from the compile calls: kernel names cannot tell, since some knobs are
-    compile-time values of the launcher rather than of the kernel (seen on the H200, session
-    11: the rolled router's kernel has the default's name)."""
-    monkeypatch.delenv(knob, raising=False)
-    _, _, spec, inp = _three(8, 5, 896, reqs, 1, 1024)
-    monkeypatch.setenv(knob, value)
-    other = Executor(KernelOps(spec.weights.config, max_context=1024), spec.weights,
-                     spec.caches.clone(), max_tokens=reqs)
-    assert _same_replay(other, spec, inp, "executor_variant", f"{knob}={value}/r{reqs}-bitwise")
-    keys_spec, keys_other = [], []
-    with _compile_keys(monkeypatch, keys_spec):
-        names_spec = M.layer_kernels(spec, 3, inp)
-    with _compile_keys(monkeypatch, keys_other):
-        names_other = M.layer_kernels(other, 3, inp)
-    assert len(names_other) == len(names_spec)
-    assert keys_spec and len(keys_other) == len(keys_spec), (keys_spec, keys_other)
-    assert keys_other != keys_spec, f"{knob}={value} changed no compile key of the MLA + MoE layer"
-
-
-@pytest.mark.variant
-def test_moe_h2_agrees_with_float64_like_the_default(monkeypatch) -> None:
-    """``K3_DECODE_MOE_H2=1`` (w13 chunk sums in f16x2) over 64 teacher-forced greedy steps (TP8,
-    2 requests from 1k context) against float64, beside the default executor: top-1 agreement
-    within 2 points of the default's and median KL within 2x (+1e-4), as the 512-step test asks
-    of the default against bf16 library ops (with 64 steps one flip is 1.6 points: the test
-    catches gross accuracy loss, deterministically); the executor's MoE op is bound to
-    ``w13_h2=True`` and an eager layer step looks up a MoE compile key with it.
-    (Logits are not compared one step at a time: a routing choice that flips between two
-    near-tied experts makes any two non-identical executors differ by far more than their
-    rounding; session 11 saw 1% and 9% relative logit differences at 1 and 2 requests.)"""
-    steps = 64
-    ref, _, spec, inp = _three(8, 5, 896, 2, 1, 1024 + steps)
-    inp.seq_lens.fill_(1024)
-    inp.positions.fill_(1023)
-    monkeypatch.setenv("K3_DECODE_MOE_H2", "1")  # read once, by KernelOps.__init__
-    ops = KernelOps(spec.weights.config, max_context=1024 + steps)
-    h2 = Executor(ops, spec.weights, spec.caches.clone(), max_tokens=2)
-    ok, res = _agrees(ref, h2, spec, ("h2", "default"), inp, steps, "executor_variant",
-                      "K3_DECODE_MOE_H2/")
-    assert ok, res
-    assert ops._moe.keywords["w13_h2"] is True and spec.ops._moe.keywords["w13_h2"] is False
-    keys: list = []
-    with _compile_keys(monkeypatch, keys):
-        M.layer_kernels(h2, 3, inp)
-    assert any(k[0] == "compile_moe" and "w13_h2=True" in k[1] for k in keys), keys
 
 
 _COMPILERS = {"prep": ("compile_rms_glu", "compile_kv_insert", "compile_mla_prep",

@@ -1,4 +1,4 @@
-"""`gemv`'s SIMT options (session 13: `warps` per CTA, `ksplit` warps per row) checked on the
+"""`gemv`'s SIMT options (`warps` per CTA, `ksplit` warps per row) checked on the
 CPU before anything compiles: every shape the executor passes with the defaults (K = 7168,
 4224, 4096, 1536, 384) stops only at the device check, whatever the CTA size; a bad option
 raises its own message."""

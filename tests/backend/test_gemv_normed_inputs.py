@@ -84,16 +84,3 @@ def test_moe_deferred_norm_checks():
         moe_experts(**kw, normalize=True, norm_part=part.to(BF))
     with pytest.raises(MoeInputError, match="needs CUDA tensors"):
         moe_experts(**kw, normalize=True, norm_part=part)
-
-
-def test_moe_norm_switch_is_checked(monkeypatch):
-    """An unknown K3_DECODE_MOE_NORM value is refused when the executor's ops are made."""
-    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
-    from backend.k3_decode.config import k3_config
-    from backend.k3_decode.executor.kernel_ops import KernelOps
-
-    monkeypatch.setenv("K3_DECODE_MOE_NORM", "w3")
-    with pytest.raises(ValueError, match="K3_DECODE_MOE_NORM='w3': use 'gemv' or 'w2'"):
-        KernelOps(k3_config(8))
-    monkeypatch.setenv("K3_DECODE_MOE_NORM", "w2")
-    assert not KernelOps(k3_config(8))._norm_in_gemv

@@ -4,8 +4,7 @@ Fresh random inputs per case, poisoned output (NaN) and poisoned cache rows past
 length (a read past ``seq_lens`` turns into NaN), a shuffled paged block table, batch sizes
 1..64 tokens, heads 6 and 12, verify steps q=2..8, contexts 1..131072 and one of 1M tokens,
 FP8 E4M3 (per-tensor scale) and BF16 caches, null (zero-length) requests, forced split counts,
-and a CUDA-graph replay with new inputs; each case for both attention cores (``mma``, the
-default, and ``simt``). Every case is recorded through ``record_case``.
+and a CUDA-graph replay with new inputs. Every case is recorded through ``record_case``.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ OP = "mla_decode"
 
 def run_case(name: str, heads: int, seq_lens: list[int], q: int, cache: str, block_size: int = 64,
              seed: int = 0, n_splits: int | None = None, max_context: int | None = None,
-             variant: str = "mma", strided: bool = False) -> None:
+             strided: bool = False) -> None:
     """Run one case with a poisoned output inside a poisoned guard buffer; assert and record.
 
     ``strided``: q_nope / q_pe / gate are views into wider NaN-filled buffers, as the executor
@@ -51,10 +50,10 @@ def run_case(name: str, heads: int, seq_lens: list[int], q: int, cache: str, blo
         kw.update(q_nope=qb[..., :128], q_pe=qb[..., 128:], gate=wide[:, 2112:])
         assert not kw["q_pe"].is_contiguous() and (t == 1 or not kw["gate"].is_contiguous())
     mla_decode(**kw, q_per_request=q, kv_scale=inp["kv_scale"], out=out, n_splits=n_splits,
-               max_context=max_context, tiling=Tiling(variant=variant))
+               max_context=max_context, tiling=Tiling())
     torch.cuda.synchronize()
     expected = reference(inp, q)
-    label = f"{variant}/{name}/h{heads}/{cache}" + ("/strided" if strided else "")
+    label = f"mma/{name}/h{heads}/{cache}" + ("/strided" if strided else "")
     ok, msg = check_bf16(OP, label, out, expected)
     assert ok, msg
     assert torch.isnan(guard[0]).all() and torch.isnan(guard[-1]).all(), "wrote outside `out`"
@@ -81,50 +80,37 @@ CASES = [
 ]
 
 
-VARIANTS = ["simt", "mma"]
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("cache", ["fp8", "bf16"])
 @pytest.mark.parametrize("heads", [6, 12])
 @pytest.mark.parametrize("name,seq_lens,q,block_size,n_splits", CASES,
                          ids=[c[0] for c in CASES])
-def test_mla_decode_matches_reference(name, seq_lens, q, block_size, n_splits, heads, cache,
-                                      variant):
+def test_mla_decode_matches_reference(name, seq_lens, q, block_size, n_splits, heads, cache):
     seed = zlib.crc32(f"{name}{heads}{cache}".encode()) % 9973
-    run_case(name, heads, seq_lens, q, cache, block_size, seed=seed, n_splits=n_splits,
-             variant=variant)
+    run_case(name, heads, seq_lens, q, cache, block_size, seed=seed, n_splits=n_splits)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("heads", [6, 12])
 @pytest.mark.parametrize("name,seq_lens,q", [
     ("b1_ctx1000", [1000], 1), ("q4_r3", [70, 2000, 513], 4),
     ("b9_mixed", [1, 64, 65, 300, 1024, 5, 900, 17, 2], 1)])
-def test_mla_decode_strided_views(name, seq_lens, q, heads, variant):
+def test_mla_decode_strided_views(name, seq_lens, q, heads):
     """Row-strided q_nope / q_pe / gate views (the executor's one q_b GEMV and fused gate rows)
     read exactly their own elements; token groups with padding (9 and 12 tokens) included."""
-    run_case(name, heads, seq_lens, q, "fp8", 64, seed=len(name) + heads, variant=variant,
-             strided=True)
+    run_case(name, heads, seq_lens, q, "fp8", 64, seed=len(name) + heads, strided=True)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("cache", ["fp8", "bf16"])
-def test_mla_decode_long_batch(cache, variant):
+def test_mla_decode_long_batch(cache):
     """64 requests at 131072 tokens (the upper context of the batch range)."""
-    run_case("b64_ctx131072", 12, [131072 - 1000 * i for i in range(64)], 1, cache, 64, seed=7,
-             variant=variant)
+    run_case("b64_ctx131072", 12, [131072 - 1000 * i for i in range(64)], 1, cache, 64, seed=7)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_mla_decode_1m_context(variant):
+def test_mla_decode_1m_context():
     """One request at 1M tokens (FP8 cache, 12 heads), split-KV across the whole GPU."""
-    run_case("b1_ctx1M", 12, [1 << 20], 1, "fp8", 256, seed=11, max_context=1 << 20,
-             variant=variant)
+    run_case("b1_ctx1M", 12, [1 << 20], 1, "fp8", 256, seed=11, max_context=1 << 20)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_mla_decode_cuda_graph_replays_new_inputs(variant):
+def test_mla_decode_cuda_graph_replays_new_inputs():
     """Captured once, replayed after new values are copied into the static inputs."""
     from backend.k3_decode.ops.mla import mla_decode
     from backend.k3_decode.ops.mla.compile import Tiling
@@ -137,7 +123,7 @@ def test_mla_decode_cuda_graph_replays_new_inputs(variant):
     out = torch.empty_like(a["gate"])
     scale = torch.full((1,), FP8_SCALE, device="cuda")
     run = lambda: mla_decode(**static, q_per_request=q, kv_scale=scale, out=out,  # noqa: E731
-                             max_context=3000, tiling=Tiling(variant=variant))
+                             max_context=3000, tiling=Tiling())
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         run()  # compile + load before capture
@@ -150,7 +136,7 @@ def test_mla_decode_cuda_graph_replays_new_inputs(variant):
     poison_(out)
     graph.replay()
     torch.cuda.synchronize()
-    ok, msg = check_bf16(OP, f"{variant}/cuda_graph_replay/h12/fp8", out, reference(b, q))
+    ok, msg = check_bf16(OP, "mma/cuda_graph_replay/h12/fp8", out, reference(b, q))
     assert ok, msg
 
 
@@ -208,97 +194,11 @@ def test_mla_decode_pdl_replays_match_the_plain_launch(q, seq_lens):
         assert ok, msg
 
 
-@pytest.mark.parametrize("cache", ["fp8", "bf16"])
-@pytest.mark.parametrize("q,seq_lens,heads", [  # shapes whose grid fits at one CTA per SM
-    (1, [1000], 12), (1, [1], 12), (1, [4096], 6), (1, [300, 900], 6), (2, [700], 12),
-    (4, [513], 12), (1, [0], 12)])
-def test_mla_decode_fused_launch_is_bit_identical_to_three(cache, q, seq_lens, heads):
-    """The one-launch ``mla_core_kernel`` (stages synced through global counters) against the
-    three launches: right after the GEMV that writes q, captured in a CUDA graph and replayed
-    four times on fresh GEMV inputs (a stage reading its input before the previous stage's
-    signal, or counters not reset between launches, would show as a difference or a hang):
-    every replay bit-identical to the three-launch result of the same q, within tolerance of
-    float64, one kernel instead of three, the counters back at zero."""
-    from backend.k3_decode.executor.measure import kernels_in
-    from backend.k3_decode.ops.gemv import gemv
-    from backend.k3_decode.ops.mla import mla_decode
-
-    inp = make_inputs(heads, seq_lens, q, cache, 64, seed=41)
-    t = len(seq_lens) * q
-    g = torch.Generator(device="cuda").manual_seed(7)
-    w_qb = (torch.randn(heads * 192, 1536, generator=g, device="cuda") * 0.03).bfloat16()
-    x = torch.empty(t, 1536, dtype=torch.bfloat16, device="cuda")
-    scale = torch.full((1,), inp["kv_scale"], device="cuda")
-    counter = torch.zeros(4, dtype=torch.int32, device="cuda")
-    fixed = {k: inp[k] for k in ("gate", "kv_cache", "block_table", "seq_lens", "w_uk_t", "w_uv")}
-    out_f, out_3 = (torch.empty_like(inp["gate"]) for _ in range(2))
-    ctx = max(max(seq_lens), 1)
-
-    def step(fused: bool, out: torch.Tensor) -> torch.Tensor:
-        qb = gemv(x, w_qb).view(t, heads, 192)
-        mla_decode(qb[..., :128], qb[..., 128:], **fixed, q_per_request=q, kv_scale=scale,
-                   out=out, max_context=ctx, fused=fused, counter=counter)
-        return qb
-
-    x.copy_(torch.randn(t, 1536, generator=g, device="cuda").bfloat16())
-    def ours(fn) -> list[str]:  # our kernels (not the GEMV, not torch's seq_lens check)
-        return [n for n in kernels_in(fn) if "kernel_cutlass" in n and "gemv" not in n]
-
-    names = ours(lambda: step(True, out_f))
-    assert len(names) == 1 and "mla_core_kernel" in names[0], names
-    names3 = ours(lambda: step(False, out_3))
-    assert len(names3) == 3, names3
-    stream = torch.cuda.Stream()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        qb = step(True, out_f)
-    for rep in range(4):
-        x.copy_(torch.randn(t, 1536, generator=g, device="cuda").bfloat16())
-        poison_(out_f)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert int(counter.abs().sum()) == 0, counter
-        got = out_f.clone()
-        step(False, out_3)
-        torch.cuda.synchronize()
-        assert torch.equal(got.view(torch.int16), out_3.view(torch.int16)), f"replay {rep}"
-        want = dict(inp, q_nope=qb[..., :128].contiguous(), q_pe=qb[..., 128:].contiguous())
-        ok, msg = check_bf16(OP, f"fused/q{q}/r{len(seq_lens)}/h{heads}/{cache}/rep{rep}",
-                              got, reference(want, q))
-        assert ok, msg
-
-
-def test_mla_decode_fused_refuses_a_grid_that_does_not_fit(monkeypatch):
-    """``fused=True`` where the grid exceeds one CTA per SM (64 requests), or without a counter
-    of the caller's own, raises before any launch; ``fused=None`` takes the three launches
-    there (even with ``K3_DECODE_MLA_FUSED=1``)."""
-    from backend.k3_decode.executor.measure import kernels_in
-    from backend.k3_decode.ops.mla import MlaInputError, mla_decode
-
-    inp = make_inputs(12, [300] * 64, 1, "fp8", 64, seed=3)
-    kw = {k: inp[k] for k in ("q_nope", "q_pe", "gate", "kv_cache", "block_table", "seq_lens",
-                              "w_uk_t", "w_uv")}
-    counter = torch.zeros(4, dtype=torch.int32, device="cuda")
-    with pytest.raises(MlaInputError, match="CTAs do not fit on the GPU at once"):
-        mla_decode(**kw, kv_scale=inp["kv_scale"], fused=True, counter=counter)
-    one = make_inputs(12, [300], 1, "fp8", 64, seed=4)
-    kw1 = {k: one[k] for k in kw}
-    with pytest.raises(MlaInputError, match="it needs counter="):
-        mla_decode(**kw1, kv_scale=one["kv_scale"], fused=True)
-    monkeypatch.setenv("K3_DECODE_MLA_FUSED", "1")
-    names = [n for n in kernels_in(lambda: mla_decode(**kw, kv_scale=inp["kv_scale"],
-                                                      counter=counter))
-             if "kernel_cutlass" in n]
-    assert len(names) == 3 and not any("mla_core" in n for n in names), names
-
-
 def test_mla_decode_takes_a_precomputed_q_lat_and_skips_absorb():
     """``q_lat=`` (the absorbed query, as ``prep.mla_qb_absorb`` writes it): the output agrees
     with the plain call's (``q_lat`` here summed by torch in absorb's grouping, equal up to the
     last bits; the bit-exact comparison with ``mla_qb_absorb`` is in test_prep_gpu.py), only
-    attend and combine launch, and a wrong shape / dtype, or ``fused=True`` with it, raises
-    before any launch."""
+    attend and combine launch, and a wrong shape / dtype raises before any launch."""
     from backend.k3_decode.executor.measure import kernels_in
     from backend.k3_decode.ops.mla import MlaInputError, mla_decode
 
@@ -325,9 +225,6 @@ def test_mla_decode_takes_a_precomputed_q_lat_and_skips_absorb():
                        (q_lat.view(-1), "q_lat: expected")):
         with pytest.raises(MlaInputError, match=match):
             mla_decode(**kw, kv_scale=ks, q_lat=bad)
-    counter = torch.zeros(4, dtype=torch.int32, device="cuda")
-    with pytest.raises(MlaInputError, match=r"runs its own absorb stage \(q_lat= was given\)"):
-        mla_decode(**kw, kv_scale=ks, fused=True, counter=counter, q_lat=q_lat)
 
 
 def _decodes(inp: dict, q: int, max_context: int, *variants: dict) -> list[torch.Tensor]:
@@ -352,9 +249,9 @@ def _decodes(inp: dict, q: int, max_context: int, *variants: dict) -> list[torch
     ("q2_r2", [64, 700], 2), ("b9_mixed", [9, 1, 4096, 300, 77, 2, 1000, 64, 5], 1)])
 def test_mla_decode_four_tokens_per_combine_cta(name, seq_lens, q, cache):
     """Absorb / combine CTAs of 4 tokens (``Tiling(tokens_per_cta=4)``, the executor's choice
-    at <= 4 tokens, default since session 11; ``K3_DECODE_MLA_SMALL_TPC=0`` turns it off)
-    against float64, and bit-equal to the 8-token CTAs (the same per-token sums in the same order; only the grouping of
-    tokens into CTAs changes); poisoned outputs, 9 tokens give a partly filled last group."""
+    at <= 4 tokens) against float64, and bit-equal to the 8-token CTAs (the same per-token sums
+    in the same order; only the grouping of tokens into CTAs changes); poisoned outputs, 9
+    tokens give a partly filled last group."""
     from backend.k3_decode.ops.mla.compile import Tiling
 
     heads = 12
@@ -372,7 +269,7 @@ def test_mla_decode_four_tokens_per_combine_cta(name, seq_lens, q, cache):
     ("b1_ctx1000", [1000], 1), ("b1_ctx33", [33], 1), ("b2_mixed", [5, 4096], 1),
     ("q2_r2", [64, 700], 2)])
 def test_mla_decode_fp8_tile32(name, seq_lens, q, cache):
-    """``Tiling(fp8_tile=32)`` (``K3_DECODE_MLA_TILE32``, the executor's default at 1-2 tokens):
+    """``Tiling(fp8_tile=32)`` (``DecodeSettings.mla_tile32``, the executor's at 1-2 tokens):
     32-token fp8 cache tiles and split chunks of 32-token multiples (twice the splits at short
     contexts; a bf16 cache keeps its 32-token tiles, only its chunks change) against float64,
     4-token combine CTAs as the executor builds them, outputs poisoned; the dependent-launch
@@ -388,26 +285,3 @@ def test_mla_decode_fp8_tile32(name, seq_lens, q, cache):
                           reference(inp, q))
     assert ok, msg
     assert torch.equal(outs[0], outs[1]), "the dependent-launch build changed bits"
-
-
-@pytest.mark.variant
-@pytest.mark.parametrize("seq_lens,q,nbytes", [([1000], 1, 12 << 20), ([5, 4096], 1, 1 << 30),
-                                               ([64, 700], 2, 4096)])
-def test_mla_decode_combine_prefetch_changes_no_bit(seq_lens, q, nbytes):
-    """Extra combine grid columns that bulk-prefetch the next kernel's weight (`upcoming`, an
-    o_proj at TP8: 7168 x 1536 bf16) leave the output bit-equal to the plain launch and the
-    weight untouched; against float64 too. This runs the build with absorb launched; the
-    executor's build at 1-2 tokens (q_lat from `mla_qb_absorb`, no absorb launch) with the same
-    columns is checked bit for bit by `test_session10_variants_give_the_same_step`
-    (``K3_DECODE_OPROJ_PREFETCH_MB``) and compiled by `test_compile_mla.py`."""
-    heads = 12
-    inp = make_inputs(heads, seq_lens, q, "fp8", 64, seed=41 + len(seq_lens))
-    g = torch.Generator(device="cpu").manual_seed(4)
-    o_proj = (torch.randn(7168, heads * 128, generator=g) * 0.02).to(torch.bfloat16).cuda()
-    before = o_proj.clone()
-    outs = _decodes(inp, q, max(seq_lens), *({"upcoming": up, "upcoming_bytes": nbytes}
-                                             for up in (None, o_proj)))
-    ok, msg = check_bf16(OP, f"mma/combine_prefetch/r{len(seq_lens)}/q{q}/{nbytes}",
-                          outs[1], reference(inp, q))
-    assert ok, msg
-    assert torch.equal(outs[0], outs[1]) and torch.equal(o_proj, before)

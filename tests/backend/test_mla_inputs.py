@@ -189,7 +189,7 @@ def test_short_contexts_get_short_chunks_up_to_min_ctas():
 
 def test_default_tiling_plans_128_splits_for_one_request_at_32k():
     """The default (tensor-core) tiling's 256-token minimum chunk: one request at 32k gets 128
-    splits (H200 session 8: 40.0 vs 47.8 us at 64); 8 requests stay at the per-SM cap, 1k keeps
+    splits (H200, ops/mla/NOTES.md: 40.0 vs 47.8 us at 64); 8 requests stay at the per-SM cap, 1k keeps
     its 64-token chunks."""
     pytest.importorskip("cutlass", reason="the Tiling lives beside the CuTe DSL launcher")
     from backend.k3_decode.ops.mla.compile import DEFAULT_TILING as til

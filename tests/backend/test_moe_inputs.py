@@ -157,27 +157,10 @@ def test_shared_glu_inputs():
     ({"w2_passes": 4}, "w2_passes=4 must be 1 or 2"),
     ({"eps": float("nan")}, "eps=nan must be a finite number"),
     ({"eps": -1.0}, "eps=-1.0 must be a finite number"),
-    ({"w13_tc_blocks": 16}, "w13_tc_blocks applies to the tensor-core w13 only"),
-    ({"w13_tc": True, "w13_tc_blocks": 7}, "w13_tc_blocks=7 must be 0 .auto. or one of"),
-    ({"w13_tc": True, "w13_tc_blocks": 32}, "w13_tc_blocks=32 must be .* dividing L / 32"),
 ])
 def test_bad_options_raise_before_launch(kwargs, match):
     with pytest.raises(MoeInputError, match=match):
         moe_experts(**{k: v for k, v in good().items() if k not in ("out", "act")}, **kwargs)
-
-
-def test_tensor_core_w13_warp_limit():
-    """The tensor-core w13 runs L / (32 * blocks) warps per CTA: more than 32 is refused before
-    launch (L = 8704 with 8 blocks per warp would be 34 warps), the auto choice at K3's L = 3584
-    is 28 blocks (4 warps) and a valid CPU input stops only at the device check."""
-    from backend.k3_decode.ops.moe.tiling import w13_tc_blocks
-
-    assert w13_tc_blocks(3584) == 28 and w13_tc_blocks(4096) == 32 and w13_tc_blocks(512) == 16
-    kw = {k: v for k, v in good(lat=8704).items() if k not in ("out", "act")}
-    with pytest.raises(MoeInputError, match="would run 34 warps per CTA"):
-        moe_experts(**kw, w13_tc=True, w13_tc_blocks=8)
-    with pytest.raises(MoeInputError, match="needs CUDA tensors"):
-        moe_experts(**kw, w13_tc=True, w13_tc_blocks=16)
 
 
 def test_norm_counter_must_cover_the_tokens():
@@ -196,37 +179,3 @@ def test_w2_register_limit_per_tiling():
         check_inputs(**good(inter=1152, k=4))
     with pytest.raises(MoeInputError, match="needs CUDA tensors"):
         check_inputs(**good(inter=384, k=4), w2_passes=2)
-
-
-def _shared(t: int = 2, s: int = 16, h: int = 256) -> dict:
-    return {"shared_x": torch.randn(t, h).bfloat16(),
-            "shared_w": torch.randn(2 * s, h).bfloat16(),
-            "shared_out": torch.empty(t, s).bfloat16()}
-
-
-@pytest.mark.parametrize("changes,match", [
-    ({"shared_out": None}, "shared_x, shared_w and shared_out go together"),
-    ({"shared_split": 3}, "shared_split=3 must be one of 1, 2, 4"),
-    ({"w13_tc": True}, r"shared_\* ride in the SIMT w13 only"),
-    ({"gu": torch.randn(2, 32).bfloat16()}, r"shared_\* .* and gu .* exclude each other"),
-    ({"shared_w": torch.randn(30, 256).bfloat16()}, "S a positive multiple of 4"),
-    ({"shared_w": torch.randn(32, 250).bfloat16(), "shared_x": torch.randn(2, 250).bfloat16()},
-     "width 250 must be a positive multiple of 8"),
-    ({"shared_w": torch.randn(32, 264).bfloat16(), "shared_x": torch.randn(2, 264).bfloat16(),
-      "shared_split": 2}, "width 264 must be a positive multiple of 16"),
-    ({"shared_x": torch.randn(3, 256).bfloat16()}, r"shared_x must have shape \(2, 256\)"),
-    ({"shared_x": torch.randn(2, 257).bfloat16()[:, :256]}, "shared_x row strides"),
-    ({"shared_out": torch.empty(2, 17).bfloat16()}, r"shared_out must have shape \(2, 16\)"),
-    ({"shared_w": torch.randn(32, 256)}, "shared_w must be torch.bfloat16"),
-    ({"shared_x": torch.randn(256).bfloat16()}, "shared_x must be a 2-D torch.Tensor"),
-])
-def test_shared_rows_in_w13_inputs(changes, match):
-    """The shared-expert rows riding in the w13 launch (`shared_x / shared_w / shared_out`,
-    `K3_DECODE_SHARED_W13`): every bad combination is refused before launch, naming what is
-    wrong; valid CPU inputs stop only at the device check."""
-    kw = {k: v for k, v in good().items() if k not in ("out", "act")}
-    with pytest.raises(MoeInputError, match="needs CUDA tensors"):
-        moe_experts(**kw, **_shared(), shared_split=2)
-    sh = {**_shared(), **changes}
-    with pytest.raises(MoeInputError, match=match):
-        moe_experts(**kw, **{k: v for k, v in sh.items() if v is not None})

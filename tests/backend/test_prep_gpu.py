@@ -471,23 +471,21 @@ def test_mla_qb_absorb_is_mla_qb_then_absorb_bit_for_bit(
         assert torch.equal(_codes(dec_a), _codes(dec_b)), "MLA decode outputs differ"
 
 
-@pytest.mark.parametrize("qba_pdl", [False, pytest.param(True, marks=pytest.mark.variant)])
 @pytest.mark.parametrize("r,q,bs,dtype,kv_scale", [
     (1, 1, 16, F8, 0.05), (1, 2, 64, F8, 1.0), (2, 1, 64, BF, 1.0), (1, 1, 256, F8, 0.5)])
 def test_mla_chain_as_dependent_launches_is_bit_equal(r: int, q: int, bs: int,
-                                                      dtype: torch.dtype, kv_scale: float,
-                                                      qba_pdl: bool) -> None:
+                                                      dtype: torch.dtype,
+                                                      kv_scale: float) -> None:
     """`mla_qb_absorb` right after our SIMT GEMV, which writes q_c | kv_c | k_pe and signals
-    `launch_dependents` at its start (with `qba_pdl`, ``K3_DECODE_PDL_QBA``, opt-in, the q_b
-    launch is a dependent one and may start early), then `mla_decode(pdl_attend=True,
-    pdl=True)` (``K3_DECODE_PDL_ATTEND`` / ``_COMBINE``, defaults at 1-2 tokens) with the
+    `launch_dependents` at its start, then `mla_decode(pdl_attend=True, pdl=True)`
+    (``DecodeSettings.mla_dependent``: the executor's at 1-2 tokens) with the
     executor's 32-token fp8 tiles right after it (the q_b launch writes q_lat and this step's
     cache rows and signals at its start). Before each run the
     GEMV's output, q_lat and this step's cache rows are NaN-poisoned, so a read before a wait
     would show if the kernels overlap; the dependent run goes first. The q_b output, q_lat, the
     cache and the MLA decode's output are bit-equal to the same chain of ordinary launches, and
     finite; contexts up to 5 blocks (several splits at 256-token blocks), fp8 and bf16 caches,
-    1-2 tokens. Limit (a review, session 13): the kernels before the dependent ones are short
+    1-2 tokens. Limit: the kernels before the dependent ones are short
     (3-5 us) and each launch comes from Python after its argument checks, so they may have
     finished before the dependent kernel starts: this checks the bits of the dependent builds,
     not that they overlap. The overlap is exercised by the executor's graph replays
@@ -523,7 +521,7 @@ def test_mla_chain_as_dependent_launches_is_bit_equal(r: int, q: int, bs: int,
         poison_(out_b)
         gemv(a, w_proj, proj, variant="simt", pdl=False)
         mla_qb_absorb(qc, **qp, **kv, w_uk_t=md["w_uk_t"], softmax_scale=sm, q_per_request=q,
-                      out=out_b, q_lat=q_lat, pdl=pdl and qba_pdl)
+                      out=out_b, q_lat=q_lat)
         v = out_b.view(t, heads, 192)
         o = mla_decode(v[..., :128], v[..., 128:], md["gate"], kv["kv_cache"],
                        kv["block_table"], seq, md["w_uk_t"], md["w_uv"], q_per_request=q,
@@ -531,43 +529,9 @@ def test_mla_chain_as_dependent_launches_is_bit_equal(r: int, q: int, bs: int,
                        tiling=Tiling(tokens_per_cta=4, fp8_tile=32), pdl_attend=pdl, pdl=pdl)
         torch.cuda.synchronize()
         res.append([out_b.clone(), q_lat.clone(), kv["kv_cache"].clone(), o.clone()])
-    case = f"mla_chain_pdl/t{t}/q{q}/bs{bs}/{str(dtype).split('.')[-1]}/qba{int(qba_pdl)}"
+    case = f"mla_chain_pdl/t{t}/q{q}/bs{bs}/{str(dtype).split('.')[-1]}/qba0"
     nonfinite = sum(int((~torch.isfinite(x.float())).sum()) for x in (res[0][3], res[0][1]))
     same = record_bitwise("mla_chain_pdl", case + "/bitwise", str(dtype),
                           list(zip(res[0], res[1], strict=True)), bad=nonfinite)
     assert not nonfinite, "the dependent chain read a poisoned input before its wait"
     assert same, "the dependent launches changed bits"
-
-
-@pytest.mark.variant
-@pytest.mark.parametrize("nbytes", [4096, 16 << 20, 1 << 30])
-def test_mla_qb_absorb_prefetch_changes_no_bit(nbytes: int) -> None:
-    """`mla_qb_absorb(upcoming=..., upcoming_bytes=...)` (``K3_DECODE_QBA_OPROJ_PREFETCH_MB``):
-    the extra clusters only prefetch a later kernel's weight (an o_proj at TP8, 7168 x 1536 bf16;
-    4 KiB, 16 MiB, more than its size) into L2: the q_b output, q_lat and the cache bit-equal to
-    the plain launch, the weight untouched; a non-contiguous `upcoming` is refused."""
-    from backend.k3_decode.ops.prep import PrepInputError, mla_qb_absorb
-
-    t, k, heads = 1, 1536, 12
-    kv = kv_case(1, 1, 64, F8, 0.05, seed=77)
-    g = _gen(78)
-    qp = {"q_c": _rn(g, t, k, scale=2.0), "q_norm_w": _rn(g, k, scale=0.2, shift=1.0),
-          "w_qb": _rn(g, 192 * heads, k, scale=0.05)}
-    w_uk_t = _rn(g, heads, 128, 512, scale=0.1)
-    o_proj = _rn(g, 7168, 1536, scale=0.02)
-    before = o_proj.clone()
-    fill = kv["kv_cache"].clone()
-    res = []
-    for up in (None, o_proj):
-        kv["kv_cache"].copy_(fill)
-        out, q_lat = mla_qb_absorb(**qp, **kv, w_uk_t=w_uk_t, softmax_scale=192**-0.5,
-                                   upcoming=up, upcoming_bytes=nbytes)
-        torch.cuda.synchronize()
-        res.append((_codes(out), q_lat.view(torch.int32).cpu(), _codes(kv["kv_cache"])))
-    same = record_bitwise("mla_qb_absorb", f"prefetch{nbytes}/bitwise", "bfloat16",
-                          [*zip(res[0], res[1], strict=True), (o_proj, before)])
-    assert same, "the prefetch clusters changed bits (or wrote to the weight)"
-    assert torch.equal(o_proj, before), "the prefetch wrote to the weight"
-    with pytest.raises(PrepInputError, match="upcoming must be a contiguous tensor"):
-        mla_qb_absorb(**qp, **kv, w_uk_t=w_uk_t, softmax_scale=192**-0.5,
-                      upcoming=o_proj[:, :768], upcoming_bytes=nbytes)

@@ -34,14 +34,14 @@ def make_inputs(t: int, e: int, seed: int, row_pad: int = 0) -> dict:
     return {"x": x, "gate_w": w, "bias": bias}
 
 
-def run_kernel(inp: dict, top_k: int = 16, scaling: float = 1.0, rolled: bool = False):
+def run_kernel(inp: dict, top_k: int = 16, scaling: float = 1.0):
     from backend.k3_decode.ops.router import route
 
     t, e = inp["x"].shape[0], inp["gate_w"].shape[0]
     out = (poison_(torch.empty(t, top_k, device="cuda")),
            poison_(torch.empty(t, top_k, dtype=torch.int32, device="cuda")),
            poison_(torch.empty(t, e, device="cuda")))
-    route(inp["x"], inp["gate_w"], inp["bias"], top_k, scaling, out=out, rolled=rolled)
+    route(inp["x"], inp["gate_w"], inp["bias"], top_k, scaling, out=out)
     torch.cuda.synchronize()
     return out
 
@@ -52,10 +52,9 @@ def expected_ids(scores: torch.Tensor, bias: torch.Tensor, top_k: int) -> torch.
     return torch.sort(biased, dim=-1, descending=True, stable=True).indices[:, :top_k].int()
 
 
-def check(case: str, inp: dict, top_k: int = 16, scaling: float = 1.0,
-          rolled: bool = False) -> None:
+def check(case: str, inp: dict, top_k: int = 16, scaling: float = 1.0) -> None:
     """Scores vs float64, ids exact vs the stable sort, weights vs float64 at those ids."""
-    w_out, ids, scores = run_kernel(inp, top_k, scaling, rolled)
+    w_out, ids, scores = run_kernel(inp, top_k, scaling)
     ref_scores = torch.sigmoid(inp["x"].double() @ inp["gate_w"].double().T)
     ok, msg = check_and_record(OP, f"{case}/scores", scores, ref_scores, 1e-5, 1e-4)
     assert ok, msg
@@ -170,53 +169,26 @@ def test_router_with_front_projection(batch: int) -> None:
 
 @pytest.mark.parametrize(("experts", "batch", "top_k"), [(896, 1, 16), (896, 2, 16), (896, 9, 8),
                                                          (224, 64, 16), (896, 3, 32)])
-def test_router_rolled_rounds_give_the_same_routing(experts: int, batch: int, top_k: int) -> None:
-    """The top-k rounds compiled as a loop (`rolled=True`: the executor's default since session
-    11; ``K3_DECODE_ROUTER_ROLLED=0`` unrolls them) pick the
-    same ids in the same order and the same weights, bit for bit, as the unrolled rounds, and
-    both agree with the references in `check`; with exact ties among the picks too."""
+def test_router_exact_ties_among_the_picks(experts: int, batch: int, top_k: int) -> None:
+    """Two experts with exactly equal biased scores, both picked: the lower index first, the
+    same ids and weights as the references in `check`, and two launches agree bit for bit."""
     inp = make_inputs(batch, experts, seed=90 + batch + top_k)
     inp["gate_w"][7] = inp["gate_w"][3]  # an exact tie between two experts
     inp["bias"][7] = inp["bias"][3]
     inp["bias"][[3, 7]] += 5.0  # ... that both get picked
     want = run_kernel(inp, top_k, 1.5)
-    got = run_kernel(inp, top_k, 1.5, rolled=True)
-    same = record_bitwise(OP, f"e{experts}/b{batch}/top{top_k}/rolled_vs_unrolled_bitwise",
+    got = run_kernel(inp, top_k, 1.5)
+    same = record_bitwise(OP, f"e{experts}/b{batch}/top{top_k}/ties_bitwise",
                           "float32", list(zip(got, want, strict=True)))
     assert same, (got[1][:2], want[1][:2])
     assert bool((got[1] == 3).any(dim=-1).all()) and bool((got[1] == 7).any(dim=-1).all())
-    check(f"e{experts}/b{batch}/top{top_k}/rolled", inp, top_k, 1.5, rolled=True)
-
-
-@pytest.mark.variant
-@pytest.mark.parametrize(("batch", "rolled"), [(1, False), (1, True), (2, True), (9, False)])
-def test_router_front_with_row_prefetch_is_bit_equal(batch: int, rolled: bool) -> None:
-    """Router + front launch with every warp's weight row bulk-prefetched into L2 first
-    (`prefetch=True`, ``K3_DECODE_GEMV_PREFETCH=1``), rounds unrolled or rolled: scores, ids,
-    weights and the front projection bit-equal to the plain launch; poisoned outputs."""
-    from backend.k3_decode.ops.router import route
-
-    inp = make_inputs(batch, 896, seed=140 + batch)
-    g = torch.Generator(device="cpu").manual_seed(177 + batch)
-    front = (torch.randn(3584 + 1536, HIDDEN, generator=g) * 0.02).to(torch.bfloat16).cuda()
-    res = []
-    for pf in (False, True):
-        out = (poison_(torch.empty(batch, 16, device="cuda")),
-               poison_(torch.empty(batch, 16, dtype=torch.int32, device="cuda")),
-               poison_(torch.empty(batch, 896, device="cuda")))
-        fo = poison_(torch.empty(batch, front.shape[0], dtype=torch.bfloat16, device="cuda"))
-        res.append(route(inp["x"], inp["gate_w"], inp["bias"], out=out, front=front,
-                         front_out=fo, rolled=rolled and pf, prefetch=pf))
-    torch.cuda.synchronize()
-    same = record_bitwise(OP, f"e896/b{batch}/front/prefetch/rolled={rolled}/bitwise",
-                          "float32", list(zip(res[0], res[1], strict=True)))
-    assert same
+    check(f"e{experts}/b{batch}/top{top_k}/ties", inp, top_k, 1.5)
 
 
 @pytest.mark.parametrize(("batch", "front_rows"), [(1, 3584 + 1536), (2, 3584), (5, 0)])
 def test_router_as_a_dependent_launch_is_bit_equal(batch: int, front_rows: int) -> None:
     """The router (+ front) launch as a programmatic dependent launch (`pdl=True`, taken by the
-    executor with ``K3_DECODE_PDL``, default on) right after our AttnRes kernel, which writes x
+    executor with ``DecodeSettings.pdl``) right after our AttnRes kernel, which writes x
     and signals `launch_dependents` at its start (so the router really may start early); x is
     NaN-poisoned before each AttnRes launch, so a read before the wait would show. Scores, ids,
     weights and front rows bit-equal to the ordinary launch after the same AttnRes."""
@@ -243,7 +215,7 @@ def test_router_as_a_dependent_launch_is_bit_equal(batch: int, front_rows: int) 
                 batch, front_rows, dtype=torch.bfloat16, device="cuda"))}
         poison_(x)
         attn_res_norm(prefix, None, blocks, nw, pw, nw, 1, -1, out=x)  # writes x
-        res.append(route(x, inp["gate_w"], inp["bias"], out=out, rolled=True, pdl=pdl, **kw))
+        res.append(route(x, inp["gate_w"], inp["bias"], out=out, pdl=pdl, **kw))
     torch.cuda.synchronize()
     assert bool(torch.isfinite(res[0][2]).all()), "the dependent router read x before its wait"
     same = record_bitwise(OP, f"e896/b{batch}/front{front_rows}/pdl/bitwise", "float32",

@@ -32,10 +32,6 @@ from backend.k3_decode.executor.weights import (
     MoeWeights,
 )
 
-Upcoming = KdaWeights | MlaWeights | DenseWeights | MoeWeights | torch.Tensor | None
-"""What runs right after an AttnRes: the next sublayer's weights (or the LM head); an
-implementation may prefetch what its first kernel reads (``KernelOps``) or ignore it."""
-
 
 class Ops(Protocol):
     """What an executor implements (see ``TorchOps`` for the semantics of each)."""
@@ -45,8 +41,7 @@ class Ops(Protocol):
     def embed(self, table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> Any: ...
     def attn_res(self, prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
                  norm_w: torch.Tensor, proj_w: torch.Tensor, out_norm_w: torch.Tensor | None,
-                 num_blocks: int, write_idx: int, out: torch.Tensor,
-                 upcoming: Upcoming = None) -> Any: ...
+                 num_blocks: int, write_idx: int, out: torch.Tensor) -> Any: ...
     def kda(self, w: KdaWeights, h: torch.Tensor, cache: Any, inp: StepInputs,
             out: torch.Tensor) -> Any: ...
     def mla(self, w: MlaWeights, h: torch.Tensor, cache: Any, inp: StepInputs,
@@ -98,12 +93,11 @@ def layer_step(ops: Ops, layer: LayerWeights, caches: DecodeCaches, inp: StepInp
     prefix, blocks = ws.prefix[:t], ws.blocks[:t]
     delta = None if first else ws.ffn[:t]
     ops.attn_res(prefix, delta, blocks, ar.attn_res_norm, ar.attn_res_proj, ar.input_norm,
-                 prev, i // block if write else -1, ws.h[:t], upcoming=layer.attn)
+                 prev, i // block if write else -1, ws.h[:t])
     attn_out = prefix if write else ws.attn[:t]  # a block-write layer restarts the prefix
     _attention(ops, layer, ws.h[:t], caches, inp, attn_out)
     ops.attn_res(prefix, None if write else attn_out, blocks, ar.mlp_res_norm, ar.mlp_res_proj,
-                 ar.post_attn_norm, prev + int(write), -1, ws.h[:t],
-                 upcoming=layer.ffn)
+                 ar.post_attn_norm, prev + int(write), -1, ws.h[:t])
     if isinstance(layer.ffn, DenseWeights):
         ops.dense(layer.ffn, ws.h[:t], ws.ffn[:t])
     else:
@@ -126,7 +120,6 @@ def decode_step(ops: Ops, weights: ModelWeights, caches: DecodeCaches, inp: Step
         if hook is not None:
             hook(layer.index, ws)
     ops.attn_res(ws.prefix[:t], ws.ffn[:t], ws.blocks[:t], weights.final_res_norm,
-                 weights.final_res_proj, weights.final_norm, weights.num_blocks, -1, ws.h[:t],
-                 upcoming=weights.lm_head)
+                 weights.final_res_proj, weights.final_norm, weights.num_blocks, -1, ws.h[:t])
     ops.logits(ws.h[:t], weights.lm_head, ws.logits[:t])
     return ws.logits[:t]

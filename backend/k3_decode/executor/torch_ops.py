@@ -106,10 +106,8 @@ class TorchOps:
 
     def attn_res(self, prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
                  norm_w: torch.Tensor, proj_w: torch.Tensor, out_norm_w: torch.Tensor | None,
-                 num_blocks: int, write_idx: int, out: torch.Tensor,
-                 upcoming: object = None) -> torch.Tensor:
-        """AttnRes (prefix update, block write, softmax mix) + the sublayer's input RMSNorm
-        (``upcoming``, what runs next, is a prefetch hint: unused here)."""
+                 num_blocks: int, write_idx: int, out: torch.Tensor) -> torch.Tensor:
+        """AttnRes (prefix update, block write, softmax mix) + the sublayer's input RMSNorm."""
         eps = self.cfg.rms_eps
         if delta is not None:
             prefix.copy_(prefix.to(self.cd) + delta.to(self.cd))

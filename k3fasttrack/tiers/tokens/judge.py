@@ -5,8 +5,11 @@ The A/A comparison (B2 against B1) sets the limits; the candidate (C against B1)
 - ``confident_divergence``: no first divergence where B1's margin exceeds
   max(floor, factor x A/A's largest divergence margin);
 - ``kl``: C's per-position KL p50, p99 and max each at most max(floor, factor x A/A's);
-- ``identity_rate``: C matches B1 on no fewer prompts than B2 does, by a one-sided exact
-  McNemar test on the per-prompt exact-match pairs at level alpha.
+- ``identity_rate``: C agrees with B1 on no fewer prompts than B2 does, by a one-sided exact
+  McNemar test on the per-prompt pairs at level alpha; a prompt agrees when it is identical or
+  its first divergence is a near-tie (B1's margin at most the declared near-tie margin), since an
+  arm whose arithmetic differs from B1's in the last bf16 bit flips exact ties without being
+  wrong; confident flips are the first gate's.
 
 A gate without the power to see a regression (too few compared positions, or too few A/A
 matches for any drop to reach alpha) is INCONCLUSIVE, never PASS. ``run`` and ``recompute``
@@ -86,6 +89,12 @@ class Compared:
         """Per prompt: identical to B1."""
         return [a.exact for a in self.agreements]
 
+    def agree(self, near_tie: float) -> list[bool]:
+        """Per prompt: identical to B1, or first diverging at a B1 margin of at most
+        ``near_tie`` (a margin that is only a lower bound never counts as a tie)."""
+        return [a.exact or (a.margin is not None and not a.margin_is_bound
+                            and a.margin <= near_tie) for a in self.agreements]
+
     @property
     def max_margin(self) -> float | None:
         """Largest first-divergence margin (None without a divergence)."""
@@ -105,6 +114,7 @@ def thresholds(aa: Compared, cfg: TokensConfig) -> Thresholds:
     return Thresholds(
         confident_margin=max(cfg.confident_margin_floor,
                              cfg.confident_margin_factor * (aa.max_margin or 0.0)),
+        near_tie=cfg.near_tie_margin,
         kl_p50=max(cfg.kl_floor_p50, cfg.kl_factor * p50),
         kl_p99=max(cfg.kl_floor_p99, cfg.kl_factor * p99),
         kl_max=max(cfg.kl_floor_max, cfg.kl_factor * top))
@@ -184,23 +194,29 @@ def gate_kl(aa: Compared, c: Compared, th: Thresholds, cfg: TokensConfig) -> Tok
                      reason=f"KL within {cfg.kl_factor} x A/A or the floor: {shown}")
 
 
-def gate_identity(aa: Compared, c: Compared, cfg: TokensConfig) -> TokenGate:
-    """C identical to B1 on no fewer prompts than B2, by the one-sided exact McNemar test."""
-    b, cc, p = identity_test(aa.exact, c.exact)
-    n, aa_exact = len(aa.exact), sum(aa.exact)
-    figures = {"n": float(n), "aa_exact": float(aa_exact), "c_exact": float(sum(c.exact)),
-               "b": float(b), "c": float(cc), "p": p, "alpha": cfg.alpha}
-    shown = (f"A/A {aa_exact}/{n}, C {sum(c.exact)}/{n} identical; only A/A {b}, only C {cc}; "
-             f"one-sided exact McNemar p={p:.3g} (alpha {cfg.alpha})")
+def gate_identity(aa: Compared, c: Compared, th: Thresholds, cfg: TokensConfig) -> TokenGate:
+    """C agrees with B1 (identical, or first diverging at a near-tie) on no fewer prompts than
+    B2, by the one-sided exact McNemar test."""
+    aa_ok, c_ok = aa.agree(th.near_tie), c.agree(th.near_tie)
+    b, cc, p = identity_test(aa_ok, c_ok)
+    n, aa_exact = len(aa_ok), sum(aa_ok)
+    figures = {"n": float(n), "aa_exact": float(sum(aa.exact)), "c_exact": float(sum(c.exact)),
+               "aa_agree": float(aa_exact), "c_agree": float(sum(c_ok)),
+               "near_tie": th.near_tie, "b": float(b), "c": float(cc), "p": p,
+               "alpha": cfg.alpha}
+    shown = (f"A/A {aa_exact}/{n}, C {sum(c_ok)}/{n} agree (identical: {sum(aa.exact)} and "
+             f"{sum(c.exact)}; a first divergence at a B1 margin <= {th.near_tie:.4g} nats is "
+             f"a tie); only A/A {b}, only C {cc}; one-sided exact McNemar p={p:.3g} "
+             f"(alpha {cfg.alpha})")
     if p < cfg.alpha:
         return TokenGate(name="identity_rate", result="FAIL", figures=figures,
-                         reason=f"C matches B1 less often than A/A: {shown}")
+                         reason=f"C agrees with B1 less often than A/A: {shown}")
     if n < cfg.min_prompts:
         return TokenGate(name="identity_rate", result="INCONCLUSIVE", figures=figures,
                          reason=f"{n} prompts (the profile asks for {cfg.min_prompts}): {shown}")
     if smallest_p(aa_exact) >= cfg.alpha:
         return TokenGate(name="identity_rate", result="INCONCLUSIVE", figures=figures, reason=(
-            f"A/A matched on {aa_exact} prompts: even losing all of them gives p="
+            f"A/A agreed on {aa_exact} prompts: even losing all of them gives p="
             f"{smallest_p(aa_exact):.3g} >= alpha {cfg.alpha}, so no drop is detectable"))
     return TokenGate(name="identity_rate", result="PASS", figures=figures,
                      reason=f"no drop shown: {shown}")
@@ -226,7 +242,8 @@ def judge(prompts: Sequence[Sequence[int]], arms: dict[ArmName, list[Row]],
     c = compare(arms["b1"], arms["c"], "c")
     th = thresholds(aa, cfg)
     comparisons = (summarize(aa, th.confident_margin), summarize(c, th.confident_margin))
-    gates = (gate_confident(aa, c, th, cfg), gate_kl(aa, c, th, cfg), gate_identity(aa, c, cfg))
+    gates = (gate_confident(aa, c, th, cfg), gate_kl(aa, c, th, cfg),
+             gate_identity(aa, c, th, cfg))
     return Judged(check, comparisons, th, gates)
 
 

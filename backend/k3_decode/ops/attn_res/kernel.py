@@ -20,7 +20,7 @@ import cutlass
 from cutlass import cute
 from cutlass.memory import SmemAllocator
 
-from backend.k3_decode.ops.gemv.device import BF16, F32, I32, I64, prefetch_l2, prefetch_share, vec
+from backend.k3_decode.ops.gemv.device import BF16, F32, I32, I64, vec
 
 THREADS = 256
 WARPS = THREADS // 32
@@ -86,57 +86,29 @@ def _cta_sum2(a: F32, b: F32, red: cute.Tensor, slot: cutlass.Constexpr):
 def attn_res_kernel(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Pointer,
                     norm_w: cute.Pointer, proj_w: cute.Pointer, out_w: cute.Pointer,
                     out: cute.Pointer, block_write_idx: I32, ld_prefix: I64, ld_delta: I64,
-                    ld_blk_t: I64, ld_blk_s: I64, ld_out: I64, n_tok: I32, pf: cute.Pointer,
-                    pf_bytes: I64, h: cutlass.Constexpr,
+                    ld_blk_t: I64, ld_blk_s: I64, ld_out: I64, h: cutlass.Constexpr,
                     num_blocks: cutlass.Constexpr, has_delta: cutlass.Constexpr,
                     write_block: cutlass.Constexpr, out_norm: cutlass.Constexpr,
                     eps: cutlass.Constexpr, out_eps: cutlass.Constexpr,
-                    prefetch: cutlass.Constexpr, pf_ctas: cutlass.Constexpr,
-                    pdl: cutlass.Constexpr = False, early: cutlass.Constexpr = False):
+                    early: cutlass.Constexpr = False):
     """One token: prefix update, online-softmax mix over the sources, output RMSNorm.
 
-    ``early`` (without ``prefetch``; at most EARLY_MAX_BLOCKS blocks): `_attn_res_token_early`,
-    every load issued at once and one barrier for all sources' sums (same bits).
-
-    ``pdl`` (a programmatic dependent launch): the weights and the saved blocks (written by
-    earlier AttnRes launches only) are read and folded into the mix first; the CTA waits for
-    the previous kernel (`griddepcontrol.wait`) just before it reads prefix and delta, the
-    last source. Same order of operations, same bits. A block-write launch (it stores the
-    updated prefix into a saved block) waits at its top instead. INVARIANT the caller keeps:
-    between a block-writing AttnRes and any later AttnRes launched with ``pdl`` there is at
-    least one launch that is ordinary (non-dependent) or that signals its dependents only after
-    its own `griddepcontrol.wait` (no launch after it can start before the one before it has
-    finished), so the block is complete before it is read without a wait (the executor: the
-    KDA kernel and the dense layer's prep are ordinary; in the MLA layer `mla_qba` / MLA prep
-    are ordinary unless ``K3_DECODE_PDL_QBA``, and the attention kernel, when it is a
-    dependent launch, signals only after its wait; a new dependent launch there needs this
-    revisited).
-
-    ``prefetch``: threads 0 .. num_blocks-1 first ask L2 for one saved block row each (one bulk
-    prefetch of 2H bytes), so the source loads of step 2, which wait behind a CTA reduction
-    each, find their rows in L2 instead of starting a DRAM round trip there.
-
-    ``pf_ctas`` > 0: that many CTAs after the ``n_tok`` token CTAs only bulk-prefetch their
-    share of ``[pf, pf + pf_bytes)`` (the next projection's first weight rows) into L2 and
-    exit: DRAM streams the next kernel's bytes while this latency-bound one runs."""
+    ``early`` (at most EARLY_MAX_BLOCKS blocks, the written block not a source):
+    `_attn_res_token_early`, every load issued at once and one barrier for all sources' sums
+    (same bits as `_attn_res_token`). The kernel signals its dependents at its start, so a
+    dependent GEMV after it may start loading its weights."""
     cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
     tok, _, _ = cute.arch.block_idx()
-    prefetching = False  # compile-time False without prefetch CTAs: no test in the kernel
-    if cutlass.const_expr(pf_ctas > 0):
-        prefetching = tok >= n_tok
-    if prefetching:
-        tid_pf, _, _ = cute.arch.thread_idx()
-        prefetch_share(pf, pf_bytes, (tok - n_tok) * THREADS + tid_pf, pf_ctas * THREADS)
-    elif cutlass.const_expr(early):
-        assert not prefetch and num_blocks <= EARLY_MAX_BLOCKS, "early: see attn_res_norm"
+    if cutlass.const_expr(early):
+        assert num_blocks <= EARLY_MAX_BLOCKS, "early: see attn_res_norm"
         _attn_res_token_early(prefix, delta, blocks, norm_w, proj_w, out_w, out,
                               block_write_idx, ld_prefix, ld_delta, ld_blk_t, ld_blk_s, ld_out,
                               tok, h, num_blocks, has_delta, write_block, out_norm, eps,
-                              out_eps, pdl)
+                              out_eps)
     else:
         _attn_res_token(prefix, delta, blocks, norm_w, proj_w, out_w, out, block_write_idx,
                         ld_prefix, ld_delta, ld_blk_t, ld_blk_s, ld_out, tok, h, num_blocks,
-                        has_delta, write_block, out_norm, eps, out_eps, prefetch, pdl)
+                        has_delta, write_block, out_norm, eps, out_eps)
 
 
 @cute.jit
@@ -236,18 +208,13 @@ def _attn_res_token_early(prefix: cute.Pointer, delta: cute.Pointer, blocks: cut
                           h: cutlass.Constexpr, num_blocks: cutlass.Constexpr,
                           has_delta: cutlass.Constexpr, write_block: cutlass.Constexpr,
                           out_norm: cutlass.Constexpr, eps: cutlass.Constexpr,
-                          out_eps: cutlass.Constexpr, pdl: cutlass.Constexpr = False):
+                          out_eps: cutlass.Constexpr):
     """`_attn_res_token` with every load in flight at once and one CTA reduction for all
-    sources (plus the output norm's): the weights, the saved blocks and (without ``pdl``)
-    prefix and delta are issued first and kept as bf16 registers; the per-source sums are
-    warp-reduced, then one barrier, then added in warp order, and the online softmax folds
-    the sources in the same order with the same arithmetic: the same bits as
-    `_attn_res_token`, with one memory round trip and one barrier where that one takes one of
-    each per source. With ``pdl`` (not a block write) the blocks' sums come before the wait,
-    prefix / delta and the prefix's sums after it."""
-    late = pdl and not write_block
-    if cutlass.const_expr(pdl and write_block):
-        cute.arch.griddepcontrol_wait()
+    sources (plus the output norm's): the weights, the saved blocks, prefix and delta are
+    issued first and kept as bf16 registers; the per-source sums are warp-reduced, then one
+    barrier, then added in warp order, and the online softmax folds the sources in the same
+    order with the same arithmetic: the same bits as `_attn_res_token`, with one memory round
+    trip and one barrier where that one takes one of each per source."""
     per = h // (THREADS * V)
     n = per * V
     smem = SmemAllocator()
@@ -267,14 +234,11 @@ def _attn_res_token_early(prefix: cute.Pointer, delta: cute.Pointer, blocks: cut
     p_row = prefix + tok.to(I64) * ld_prefix
     pre = cute.make_rmem_tensor((n,), F32)
     tmp = cute.make_rmem_tensor((n,), F32)
-    p_raw = None
-    d_raw = None
-    if cutlass.const_expr(not late):
-        p_raw = cute.make_rmem_tensor((V, per), BF16)
-        _load_raw(p_row, p_raw, per)
-        d_raw = cute.make_rmem_tensor((V, per), BF16)
-        if cutlass.const_expr(has_delta):
-            _load_raw(delta + tok.to(I64) * ld_delta, d_raw, per)
+    p_raw = cute.make_rmem_tensor((V, per), BF16)
+    _load_raw(p_row, p_raw, per)
+    d_raw = cute.make_rmem_tensor((V, per), BF16)
+    if cutlass.const_expr(has_delta):
+        _load_raw(delta + tok.to(I64) * ld_delta, d_raw, per)
     qk = cute.make_rmem_tensor((n,), F32)
     for i in cutlass.range_constexpr(per):
         for e in cutlass.range_constexpr(V):
@@ -282,8 +246,6 @@ def _attn_res_token_early(prefix: cute.Pointer, delta: cute.Pointer, blocks: cut
     for s in cutlass.range_constexpr(num_blocks):
         ss, dt = _src_sums(blk[s], None, qk, per)
         _warp_sums_to(red, s, ss, dt)
-    if cutlass.const_expr(late):
-        cute.arch.griddepcontrol_wait()  # prefix and delta: the previous kernel's output
     _prefix_update(p_row, delta, pre, tmp, blocks, block_write_idx, ld_delta, ld_blk_t,
                    ld_blk_s, tok, per, has_delta, write_block, p_raw, d_raw)
     ss, dt = _src_sums(None, pre, qk, per)
@@ -313,17 +275,8 @@ def _attn_res_token(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
                     ld_blk_t: I64, ld_blk_s: I64, ld_out: I64, tok: I32, h: cutlass.Constexpr,
                     num_blocks: cutlass.Constexpr, has_delta: cutlass.Constexpr,
                     write_block: cutlass.Constexpr, out_norm: cutlass.Constexpr,
-                    eps: cutlass.Constexpr, out_eps: cutlass.Constexpr,
-                    prefetch: cutlass.Constexpr, pdl: cutlass.Constexpr = False):
-    """The token CTA's work (the kernel's docstring)."""
-    late = pdl and not write_block  # read prefix / delta after the saved blocks
-    if cutlass.const_expr(pdl and write_block):
-        cute.arch.griddepcontrol_wait()
-    if cutlass.const_expr(prefetch):
-        tid0, _, _ = cute.arch.thread_idx()
-        for s in cutlass.range_constexpr(num_blocks):
-            if tid0 == s:
-                prefetch_l2(blocks + tok.to(I64) * ld_blk_t + s * ld_blk_s, h * 2)
+                    eps: cutlass.Constexpr, out_eps: cutlass.Constexpr):
+    """The token CTA's work (the module docstring's steps), one source after another."""
     per = h // (THREADS * V)
     n = per * V
     smem = SmemAllocator()
@@ -340,9 +293,8 @@ def _attn_res_token(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
         qk[i] = qk[i] * tmp[i]
     pre = cute.make_rmem_tensor((n,), F32)
     p_row = prefix + tok.to(I64) * ld_prefix
-    if cutlass.const_expr(not late):
-        _prefix_update(p_row, delta, pre, tmp, blocks, block_write_idx, ld_delta, ld_blk_t,
-                       ld_blk_s, tok, per, has_delta, write_block)
+    _prefix_update(p_row, delta, pre, tmp, blocks, block_write_idx, ld_delta, ld_blk_t,
+                   ld_blk_s, tok, per, has_delta, write_block)
     blk_row = blocks + tok.to(I64) * ld_blk_t
     mix = cute.make_rmem_tensor((n,), F32)
     for i in cutlass.range_constexpr(n):
@@ -354,10 +306,6 @@ def _attn_res_token(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
         if cutlass.const_expr(s < num_blocks):
             _load_row(blk_row + s * ld_blk_s, tmp, per)
             src = tmp
-        elif cutlass.const_expr(late):
-            cute.arch.griddepcontrol_wait()  # prefix and delta: the previous kernel's output
-            _prefix_update(p_row, delta, pre, tmp, blocks, block_write_idx, ld_delta,
-                           ld_blk_t, ld_blk_s, tok, per, has_delta, write_block)
         ss, dt = _src_sums(None, src, qk, per)
         ss, dt = _cta_sum2(ss, dt, red, s)
         m, a, b, den = _fold_logit(m, den, ss, dt, h, eps)
@@ -372,18 +320,13 @@ def attn_res_launch(prefix: cute.Pointer, delta: cute.Pointer, blocks: cute.Poin
                     norm_w: cute.Pointer, proj_w: cute.Pointer, out_w: cute.Pointer,
                     out: cute.Pointer, n_tok: I32, block_write_idx: I32, ld_prefix: I64,
                     ld_delta: I64, ld_blk_t: I64, ld_blk_s: I64, ld_out: I64,
-                    pf: cute.Pointer, pf_bytes: I64,
                     stream: cuda.CUstream, h: cutlass.Constexpr, num_blocks: cutlass.Constexpr,
                     has_delta: cutlass.Constexpr, write_block: cutlass.Constexpr,
                     out_norm: cutlass.Constexpr, eps: cutlass.Constexpr,
-                    out_eps: cutlass.Constexpr, prefetch: cutlass.Constexpr = False,
-                    pf_ctas: cutlass.Constexpr = 0, pdl: cutlass.Constexpr = False,
-                    early: cutlass.Constexpr = False):
-    """Host side: one CTA per token (plus ``pf_ctas`` prefetch CTAs) on the caller's stream
-    (CUDA-graph safe); `pdl`: a programmatic dependent launch; `early`: every load at once
-    (`attn_res_kernel`)."""
+                    out_eps: cutlass.Constexpr, early: cutlass.Constexpr = False):
+    """Host side: one CTA per token on the caller's stream (CUDA-graph safe); `early`: every
+    load at once (`attn_res_kernel`)."""
     attn_res_kernel(prefix, delta, blocks, norm_w, proj_w, out_w, out, block_write_idx,
-                    ld_prefix, ld_delta, ld_blk_t, ld_blk_s, ld_out, n_tok, pf, pf_bytes, h,
-                    num_blocks, has_delta, write_block, out_norm, eps, out_eps, prefetch,
-                    pf_ctas, pdl, early).launch(
-        grid=(n_tok + pf_ctas, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=pdl)
+                    ld_prefix, ld_delta, ld_blk_t, ld_blk_s, ld_out, h, num_blocks, has_delta,
+                    write_block, out_norm, eps, out_eps, early).launch(
+        grid=(n_tok, 1, 1), block=(THREADS, 1, 1), stream=stream)

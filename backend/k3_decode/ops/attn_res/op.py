@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import torch
 
 from backend.k3_decode.ops.gemv.common import (
-    byte_ptr,
     check_device,
     check_tensor,
     fake_ptr,
@@ -27,9 +26,6 @@ from backend.k3_decode.ops.gemv.common import (
     stream_of,
     target_arch,
 )
-from backend.k3_decode.ops.gemv.common import (
-    upcoming_bytes as prefetch_bytes,
-)
 
 EARLY_MAX_BLOCKS = 4  # kernel.EARLY_MAX_BLOCKS (not imported: this module needs no cutlass)
 OP = "attn_res_norm"
@@ -37,8 +33,6 @@ MAX_TOKENS = 4096
 MAX_BLOCKS = 16
 H_MULTIPLE = 1024
 BF = torch.bfloat16
-PREFETCH_CTAS = 32  # CTAs that issue the `upcoming` prefetch (each thread one bulk prefetch)
-MAX_PREFETCH_CTAS = 132
 
 
 class AttnResInputError(ValueError):
@@ -57,9 +51,6 @@ class AttnResKey:
     eps: float
     out_eps: float
     arch: str
-    prefetch: bool = False
-    pf_ctas: int = 0
-    pdl: bool = False  # a programmatic dependent launch (kernel.attn_res_kernel)
     early: bool = False  # every load at once, one barrier for all sources (same bits)
 
 
@@ -93,16 +84,6 @@ def check_inputs(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch
     return t, h
 
 
-def check_upcoming(upcoming: torch.Tensor | None, nbytes: int, ctas: int,
-                   device: torch.device) -> int:
-    """Bytes of `upcoming` to prefetch (0: none), or `AttnResInputError`."""
-    n = prefetch_bytes(AttnResInputError, OP, upcoming, nbytes, device)
-    if n:
-        need(1 <= ctas <= MAX_PREFETCH_CTAS, AttnResInputError, OP,
-             f"prefetch_ctas={ctas} is outside 1..{MAX_PREFETCH_CTAS}")
-    return n
-
-
 @functools.cache
 def compile_attn_res(key: AttnResKey, extra_options: str = ""):
     """Compile (once per key) the AttnRes launcher; no GPU is needed."""
@@ -113,43 +94,31 @@ def compile_attn_res(key: AttnResKey, extra_options: str = ""):
     from backend.k3_decode.ops.attn_res.kernel import attn_res_launch
 
     bf, i32, i64 = cutlass.BFloat16, cutlass.Int32, cutlass.Int64
-    args = ([fake_ptr(bf) for _ in range(7)] + [i32(1), i32(0)] + [i64(1)] * 5
-            + [fake_ptr(cutlass.Uint8), i64(0)])
+    args = [fake_ptr(bf) for _ in range(7)] + [i32(1), i32(0)] + [i64(1)] * 5
     return cute.compile(attn_res_launch, *args, cuda.CUstream(0), key.hidden, key.num_blocks,
                         key.has_delta, key.write_block, key.out_norm, key.eps, key.out_eps,
-                        key.prefetch, key.pf_ctas, key.pdl, key.early,
+                        key.early,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
 def attn_res_norm(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
                   norm_w: torch.Tensor, proj_w: torch.Tensor, out_norm_w: torch.Tensor | None,
                   num_blocks: int, block_write_idx: int = -1, eps: float = 1e-6,
-                  out_eps: float = 1e-6, out: torch.Tensor | None = None,
-                  prefetch: bool = False, upcoming: torch.Tensor | None = None,
-                  upcoming_bytes: int = 0, prefetch_ctas: int = PREFETCH_CTAS,
-                  pdl: bool = False, early: bool = False) -> torch.Tensor:
+                  out_eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
     """Run the fused AttnRes + RMSNorm kernel (see the module docstring); returns `out`.
-    `prefetch=True`: the saved block rows are bulk-prefetched into L2 at the kernel's start.
-    `upcoming` (a contiguous tensor the next kernel reads, e.g. its weight) with
-    `upcoming_bytes` > 0: `prefetch_ctas` extra CTAs bulk-prefetch its first
-    `min(upcoming_bytes, its size)` bytes (rounded down to 16) into L2 while the token CTAs run.
-    `pdl=True`: a programmatic dependent launch (weights and saved blocks first, then a wait
-    before prefix / delta). `early=True`: every load issued at once and one CTA barrier for
-    all sources' sums (used where the block prefetch is off, num_blocks <= EARLY_MAX_BLOCKS
-    and the written block is not one of the sources; the plain kernel elsewhere). None of
-    these changes the result (`kernel.attn_res_kernel`)."""
+    Where ``num_blocks`` <= EARLY_MAX_BLOCKS and the written block is not one of the sources,
+    the kernel issues every load at once and takes one CTA barrier for all sources' sums
+    (``early``); one source after another elsewhere. Both give the same bits
+    (`kernel.attn_res_kernel`)."""
     if out is None:
         need(isinstance(prefix, torch.Tensor), AttnResInputError, OP, "prefix must be a tensor")
         out = torch.empty(prefix.shape, dtype=BF, device=prefix.device)
     t, h = check_inputs(prefix, delta, blocks, norm_w, proj_w, out_norm_w, num_blocks,
                         block_write_idx, out)
-    pf_bytes = check_upcoming(upcoming, upcoming_bytes, prefetch_ctas, prefix.device)
-    block_pf = bool(prefetch) and num_blocks > 0
-    early = (bool(early) and not block_pf and num_blocks <= EARLY_MAX_BLOCKS
+    early = (num_blocks <= EARLY_MAX_BLOCKS
              and not 0 <= block_write_idx < num_blocks)  # not with a source it overwrites
     key = AttnResKey(h, num_blocks, delta is not None, block_write_idx >= 0,
-                     out_norm_w is not None, float(eps), float(out_eps), target_arch(),
-                     block_pf, prefetch_ctas if pf_bytes else 0, bool(pdl), early)
+                     out_norm_w is not None, float(eps), float(out_eps), target_arch(), early)
     fn = compile_attn_res(key)
     import cutlass
 
@@ -159,6 +128,5 @@ def attn_res_norm(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torc
        cutlass.Int32(t), cutlass.Int32(max(block_write_idx, 0)),
        cutlass.Int64(prefix.stride(0)), cutlass.Int64(d.stride(0)),
        cutlass.Int64(blocks.stride(0)), cutlass.Int64(blocks.stride(1)),
-       cutlass.Int64(out.stride(0)), byte_ptr(upcoming if pf_bytes else prefix),
-       cutlass.Int64(pf_bytes), stream_of(prefix.device))
+       cutlass.Int64(out.stride(0)), stream_of(prefix.device))
     return out

@@ -84,31 +84,6 @@ def extent(t: torch.Tensor) -> int:
     return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
 
 
-def upcoming_bytes(err: type[Exception], op: str, upcoming: torch.Tensor | None, nbytes: int,
-                   device: torch.device) -> int:
-    """Bytes of `upcoming` (a tensor the next kernel reads, e.g. its weight) that a launch's
-    extra CTAs should prefetch into L2: `min(nbytes, its size)` rounded down to 16, 0 for none;
-    or `err` for a tensor the prefetch cannot take (not contiguous, not 16-byte aligned, on
-    another device)."""
-    if upcoming is None or nbytes <= 0:
-        return 0
-    need(isinstance(upcoming, torch.Tensor) and upcoming.is_contiguous(), err, op,
-         "upcoming must be a contiguous tensor")
-    need(upcoming.device == device, err, op,
-         f"upcoming is on {upcoming.device}, the inputs on {device}")
-    need(upcoming.data_ptr() % 16 == 0, err, op, "upcoming's base address is not 16-byte aligned")
-    return min(int(nbytes), upcoming.numel() * upcoming.element_size()) // 16 * 16
-
-
-def byte_ptr(t: torch.Tensor):
-    """A CuTe gmem uint8 pointer to `t`'s data (16-byte aligned: the caller checked)."""
-    import cutlass
-    from cutlass import cute
-    from cutlass.cute.runtime import make_ptr
-
-    return make_ptr(cutlass.Uint8, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=16)
-
-
 def ptr(t: torch.Tensor, align: int = 16):
     """A CuTe gmem pointer to `t`'s data with the alignment the checks guaranteed."""
     import cutlass

@@ -41,15 +41,6 @@ def f16_hi(v, *, loc=None, ip=None) -> F32:
 
 
 @dsl_user_op
-def hfma2(a, b, c, *, loc=None, ip=None) -> U32:
-    """``a * b + c`` on f16x2 words (`fma.rn.f16x2`: f16 products and sums, subnormals kept)."""
-    args = [U32(v).ir_value(loc=loc, ip=ip) for v in (a, b, c)]
-    return U32(llvm.inline_asm(T.i32(), args, "fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r",
-                               has_side_effects=False, is_align_stack=False,
-                               asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
-
-
-@dsl_user_op
 def bits_f32(v, *, loc=None, ip=None) -> F32:
     """Reinterpret 32 bits as an f32."""
     return _asm_f32(BITS_F32, v, loc, ip)
@@ -63,28 +54,6 @@ def st_cluster_f32(smem_ptr: cute.Pointer, rank, value, *, loc=None, ip=None) ->
                        smem_ptr.to_llvm_ptr(loc=loc, ip=ip), I32(rank).ir_value(loc=loc, ip=ip),
                        loc=loc, ip=ip)
     llvm.store(F32(value).ir_value(loc=loc, ip=ip), remote, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def prefetch_l2(base: cute.Pointer, nbytes: int, *, loc=None, ip=None) -> None:
-    """`cp.async.bulk.prefetch.L2.global [base], nbytes`: ask for `nbytes` (a multiple of 16,
-    `base` 16-byte aligned) of global memory to be brought into L2, with no register, no
-    completion to wait for and no consumer for ptxas to sink it next to (sm_90 and sm_100)."""
-    nvvm.cp_async_bulk_prefetch(base.to_llvm_ptr(loc=loc, ip=ip),
-                                I32(nbytes).ir_value(loc=loc, ip=ip), loc=loc, ip=ip)
-
-
-@cute.jit
-def prefetch_share(base: cute.Pointer, nbytes: I64, part: I32, parts: I32):
-    """Caller `part` of `parts` bulk-prefetches its share of the byte range `[base, base +
-    nbytes)` into L2 (`nbytes` a multiple of 16, `base` 16-byte aligned): equal 16-byte-multiple
-    shares, the last ones shorter or empty."""
-    units = (nbytes // 16 + I64(parts) - 1) // I64(parts)  # 16-byte units per share
-    start = I64(part) * units * 16
-    if start < nbytes:
-        size = cutlass.min(units * 16, nbytes - start)
-        prefetch_l2(cute.make_ptr(U8, base.toint() + start, cute.AddressSpace.gmem,
-                                  assumed_align=16), size.to(I32))
 
 
 def vec(base: cute.Pointer, dtype, n: int, align: int) -> cute.Tensor:

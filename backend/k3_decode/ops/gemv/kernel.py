@@ -16,7 +16,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 from cutlass import cute
 
-from backend.k3_decode.ops.gemv.device import BF16, F32, I32, I64, prefetch_l2, vec
+from backend.k3_decode.ops.gemv.device import BF16, F32, I32, I64, vec
 
 WARPS = 8
 THREADS = WARPS * 32
@@ -61,8 +61,7 @@ def _fma_vec(dst: cute.Tensor, t: cutlass.Constexpr, wr: cute.Tensor, i: cutlass
 def row_dot(w_row: cute.Pointer, x: cute.Pointer, ld_x: I64, tok0: I32, n_tok: I32,
             acc: cute.Tensor, k: cutlass.Constexpr, tt: cutlass.Constexpr,
             pdl: cutlass.Constexpr = False, acc2: cute.Tensor = None,
-            split: cutlass.Constexpr = 0, xw: cute.Pointer = None, ss: cute.Tensor = None,
-            prefetch: cutlass.Constexpr = False):
+            split: cutlass.Constexpr = 0, xw: cute.Pointer = None, ss: cute.Tensor = None):
     """acc[t] = W[row] . x[tok0 + t] over the row (tokens clamped to T-1), warp-reduced.
 
     `pdl` (programmatic dependent launch): the first group of weight loads is issued, then
@@ -72,14 +71,8 @@ def row_dot(w_row: cute.Pointer, x: cute.Pointer, ld_x: I64, tok0: I32, n_tok: I
     go to `acc2` instead, reduced the same way (`gemv_normed`'s latent | rest sums).
     `xw` (with `ss`): x is multiplied elementwise by the bf16 vector `xw [K]` (an RMSNorm
     weight) in fp32, and `ss[t]` = sum(x[tok0 + t]^2) over the row (warp-reduced): the caller
-    scales `acc` by its rsqrt (`mla_qb`: the q_a RMSNorm inside the q_b projection).
-    `prefetch`: lane 0 first asks L2 for the whole row in one bulk prefetch (2K bytes), so the
-    row's bytes are requested from DRAM at once rather than two or three vectors per lane at a
-    time (ptxas places the group loads next to their use; NOTES.md session 9)."""
+    scales `acc` by its rsqrt (`mla_qb`: the q_a RMSNorm inside the q_b projection)."""
     lane = cute.arch.lane_idx()
-    if cutlass.const_expr(prefetch):  # noqa: SIM102 (compile-time, then run-time test)
-        if lane == 0:
-            prefetch_l2(w_row, k * 2)
     nvec = k // VEC
     per_lane = (nvec + 31) // 32
     gs = group_size(per_lane)
@@ -128,11 +121,11 @@ def row_dot(w_row: cute.Pointer, x: cute.Pointer, ld_x: I64, tok0: I32, n_tok: I
 @cute.jit
 def gemv_row(w: cute.Pointer, x: cute.Pointer, y: cute.Pointer, row: I32, tok0: I32, n_tok: I32,
              ld_x: I64, ld_y: I64, k: cutlass.Constexpr, tt: cutlass.Constexpr,
-             pdl: cutlass.Constexpr = False, prefetch: cutlass.Constexpr = False):
+             pdl: cutlass.Constexpr = False):
     """One warp: y[tok0 + t, row] = W[row] . x[tok0 + t] for the tile's tokens (lane 0 writes,
-    in y's dtype); `pdl` / `prefetch` as in `row_dot`."""
+    in y's dtype); `pdl` as in `row_dot`."""
     acc = cute.make_rmem_tensor((tt,), F32)
-    row_dot(w + row.to(I64) * k, x, ld_x, tok0, n_tok, acc, k, tt, pdl, prefetch=prefetch)
+    row_dot(w + row.to(I64) * k, x, ld_x, tok0, n_tok, acc, k, tt, pdl)
     if cute.arch.lane_idx() == 0:
         yt = cute.make_tensor(y, cute.make_layout((1 << 30,)))
         for t in cutlass.range_constexpr(tt):
@@ -143,8 +136,8 @@ def gemv_row(w: cute.Pointer, x: cute.Pointer, y: cute.Pointer, row: I32, tok0: 
 @cute.kernel
 def gemv_kernel(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I32, n_tok: I32,
                 ld_x: I64, ld_y: I64, k: cutlass.Constexpr, tt: cutlass.Constexpr,
-                pdl: cutlass.Constexpr, prefetch: cutlass.Constexpr,
-                ksplit: cutlass.Constexpr = 1, warps: cutlass.Constexpr = WARPS):
+                pdl: cutlass.Constexpr, ksplit: cutlass.Constexpr = 1,
+                warps: cutlass.Constexpr = WARPS):
     """One warp per weight row, `tt` tokens per CTA; y is bf16 or fp32 (y's pointer type).
     `warps` per CTA (8; 4 or 2: more, smaller CTAs, so that the rows spread more evenly over
     the SMs). `ksplit` > 1: `ksplit` adjacent warps share a row, each over its K / ksplit
@@ -156,7 +149,7 @@ def gemv_kernel(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I32, 
     if cutlass.const_expr(ksplit == 1):
         row = rb * warps + warp
         if row < n_rows:
-            gemv_row(w, x, y, row, tb * tt, n_tok, ld_x, ld_y, k, tt, pdl, prefetch)
+            gemv_row(w, x, y, row, tb * tt, n_tok, ld_x, ld_y, k, tt, pdl)
     else:
         kp = k // ksplit
         row = rb * (warps // ksplit) + warp // ksplit
@@ -168,7 +161,7 @@ def gemv_kernel(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I32, 
         lane = cute.arch.lane_idx()
         if row < n_rows:
             row_dot(w + row.to(I64) * k + part * kp, x + part * kp, ld_x, tok0, n_tok, acc, kp,
-                    tt, pdl, prefetch=prefetch)
+                    tt, pdl)
             if lane == 0:
                 for t in cutlass.range_constexpr(tt):
                     s_part[warp * tt + t] = acc[t]
@@ -187,13 +180,11 @@ def gemv_kernel(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I32, 
 def gemv_launch(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I32, n_tok: I32,
                 ld_x: I64, ld_y: I64, stream: cuda.CUstream, k: cutlass.Constexpr,
                 tt: cutlass.Constexpr, pdl: cutlass.Constexpr = False,
-                prefetch: cutlass.Constexpr = False, ksplit: cutlass.Constexpr = 1,
-                warps: cutlass.Constexpr = WARPS):
+                ksplit: cutlass.Constexpr = 1, warps: cutlass.Constexpr = WARPS):
     """Host side: grid (ceil(N / (warps / ksplit)), ceil(T/tt)) on the caller's stream (CUDA-graph
     safe); `pdl`: a programmatic dependent launch (it may start while the previous kernel
-    runs); `prefetch`: each warp's row is bulk-prefetched into L2 first (`row_dot`); `ksplit`:
-    warps per row, `warps` per CTA (`gemv_kernel`)."""
+    runs); `ksplit`: warps per row, `warps` per CTA (`gemv_kernel`)."""
     rows_per_cta = warps // ksplit
-    gemv_kernel(x, w, y, n_rows, n_tok, ld_x, ld_y, k, tt, pdl, prefetch, ksplit, warps).launch(
+    gemv_kernel(x, w, y, n_rows, n_tok, ld_x, ld_y, k, tt, pdl, ksplit, warps).launch(
         grid=((n_rows + rows_per_cta - 1) // rows_per_cta, (n_tok + tt - 1) // tt, 1),
         block=(32 * warps, 1, 1), stream=stream, use_pdl=pdl)

@@ -36,7 +36,7 @@ def gemv_mma_kernel(x: cute.Pointer, w: cute.Pointer, y: cute.Pointer, n_rows: I
                     nt: cutlass.Constexpr, gk: cutlass.Constexpr, splits: cutlass.Constexpr):
     """One CTA: 16*mt weight rows x 8*nt tokens; warp w covers the w-th K slice. Not a
     programmatic dependent launch: waiting at the top (weights and x share one loop) measured
-    slower on the H200 (NOTES.md session 5); it does let a PDL-launched next kernel start."""
+    slower on the H200 (ops/gemv/NOTES.md); it does let a PDL-launched next kernel start."""
     cute.arch.griddepcontrol_launch_dependents()
     lane = cute.arch.lane_idx()
     wid = cute.arch.warp_idx()

@@ -14,7 +14,8 @@ for the vector slots past L / 256): one warp per weight row, 8 per CTA, each lan
 vectors (8 bf16) of the row and of x at stride 32 vectors; L % 256 == 0 so a lane's vector is
 wholly latent or wholly rest. The CTA's 8 warps each add an eighth of the token's `nb`
 partials and share the sums in shared memory (every warp reading all of them was 12.8 MB of L2
-reads per launch at N = 7168: the kernel took 19.8 us against the plain GEMV's 16.0, H200 run 36).
+reads per launch at N = 7168: the kernel took 19.8 us against the plain GEMV's 16.0 on the H200,
+ops/gemv/NOTES.md).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from backend.k3_decode.ops.gemv.kernel import THREADS, VEC, WARPS, row_dot
 
 # CTAs per SM ptxas must leave room for (registers <= 65536 / (8 * 256) = 32): at 36 registers
 # only 6 CTAs fit, so the MoE tail's 896 CTAs took 1.13 waves and the kernel ~3 us longer than
-# the plain GEMV's 0.85 wave (32 registers); ncu, H200 run 47 (NOTES.md session 9). Used for
+# the plain GEMV's 0.85 wave (32 registers; ncu on the H200, ops/gemv/NOTES.md). Used for
 # one-token tiles on sm_90a (`op.compile_gemv_normed`): the two-token tile spills at 32
 # registers, and so does sm_100a's build (8 bytes; not measured there, so left unbounded).
 MIN_CTAS_PER_SM = 8
@@ -55,14 +56,10 @@ def _load_partials(part: cute.Pointer, ssv: cute.Tensor, tok0: I32, n_tok: I32,
 def gemv_normed_kernel(x: cute.Pointer, part: cute.Pointer, w: cute.Pointer, y: cute.Pointer,
                        n_rows: I32, n_tok: I32, ld_x: I64, ld_y: I64, latent: cutlass.Constexpr,
                        k: cutlass.Constexpr, nb: cutlass.Constexpr, eps: cutlass.Constexpr,
-                       tt: cutlass.Constexpr, pdl: cutlass.Constexpr = False,
-                       trigger: cutlass.Constexpr = False):
+                       tt: cutlass.Constexpr, pdl: cutlass.Constexpr = False):
     """One warp per weight row, `tt` tokens per CTA. ``pdl`` (a programmatic dependent
     launch): `row_dot` issues the first weight loads, then waits for the previous kernel (the
-    w2 kernel, which writes x and `part`); the partial sums are read after it. ``trigger``:
-    signal `griddepcontrol.launch_dependents` at the start (a dependent AttnRes may start)."""
-    if cutlass.const_expr(trigger):
-        cute.arch.griddepcontrol_launch_dependents()
+    w2 kernel, which writes x and `part`); the partial sums are read after it."""
     lane = cute.arch.lane_idx()
     warp = cute.arch.warp_idx()
     rb, tb, _ = cute.arch.block_idx()
@@ -103,13 +100,12 @@ def gemv_normed_launch(x: cute.Pointer, part: cute.Pointer, w: cute.Pointer, y: 
                        n_rows: I32, n_tok: I32, ld_x: I64, ld_y: I64, stream: cuda.CUstream,
                        latent: cutlass.Constexpr, k: cutlass.Constexpr, nb: cutlass.Constexpr,
                        eps: cutlass.Constexpr, tt: cutlass.Constexpr,
-                       min_ctas: cutlass.Constexpr = 0, pdl: cutlass.Constexpr = False,
-                       trigger: cutlass.Constexpr = False):
+                       min_ctas: cutlass.Constexpr = 0, pdl: cutlass.Constexpr = False):
     """Host side: grid (ceil(N / 8), ceil(T / tt)) on the caller's stream; `min_ctas` > 0:
     launch bounds asking ptxas for that many CTAs per SM (`MIN_CTAS_PER_SM`); `pdl`: a
-    programmatic dependent launch; `trigger`: let a dependent launch after it start early."""
+    programmatic dependent launch."""
     gemv_normed_kernel(x, part, w, y, n_rows, n_tok, ld_x, ld_y, latent, k, nb, eps,
-                       tt, pdl, trigger).launch(grid=((n_rows + WARPS - 1) // WARPS,
+                       tt, pdl).launch(grid=((n_rows + WARPS - 1) // WARPS,
                                              (n_tok + tt - 1) // tt, 1),
                                        block=(THREADS, 1, 1), stream=stream,
                                        min_blocks_per_mp=min_ctas, use_pdl=pdl,

@@ -3,7 +3,7 @@
 `gemv(x, w, out=None)` computes `x @ w.T` for BF16 `x [T, K]` (rows may be strided) and
 contiguous BF16 `w [N, K]`, with fp32 accumulation; `out [T, N]` is bf16 (default) or fp32.
 The token tile (`tt` tokens per CTA) is chosen per batch by `pick_token_tile` (a table; see
-backend/NOTES.md (Backend II section) for the H200 measurements behind it).
+ops/gemv/NOTES.md for the H200 measurements behind it).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.k3_decode import envs
 from backend.k3_decode.ops.gemv.common import (
     check_device,
     check_tensor,
@@ -52,8 +51,7 @@ class GemvKey:
     arch: str
     variant: str = "simt"  # "simt" (kernel.py) or "mma" (kernel_mma.py)
     splits: int = 1  # mma: warps per CTA splitting K (kernel_mma.py)
-    pdl: bool = False  # SIMT: programmatic dependent launch (K3_DECODE_PDL)
-    prefetch: bool = False  # SIMT: bulk L2 prefetch of each row first (K3_DECODE_GEMV_PREFETCH)
+    pdl: bool = False  # SIMT: programmatic dependent launch
     ksplit: int = 1  # SIMT: warps per weight row, each over K / ksplit columns
     warps: int = 8  # SIMT: warps per CTA
 
@@ -79,7 +77,7 @@ def max_splits(tt: int, k: int) -> int:
 
 def pick_splits(tt: int, k: int) -> int:
     """Split-K of the tensor-core kernel for a token tile `tt` and depth K: the most warps the
-    tile allows. H200 sweep (NOTES.md, session 4, `bench_gemv.py --sweep`): at 3-16 rows split 8
+    tile allows. H200 sweep (ops/gemv/NOTES.md, `bench_gemv.py --sweep`): at 3-16 rows split 8
     was the fastest of 1/2/4/8 at every K3 shard shape (e.g. 3648 x 7168 at 8 rows: 53.8 ->
     20.5 us; 7168 x 1536: 14.5 -> 8.5 us)."""
     return max_splits(tt, k)
@@ -90,7 +88,7 @@ SIMT_SMALL_N_MIN_K = 4096
 
 
 def pick_variant(variant: str, n_tok: int, n: int = 0, k: int = 0) -> str:
-    """Resolve "auto" (H200 sweep, NOTES.md session 4): SIMT for 1-2 rows, and for 3-4 rows when
+    """Resolve "auto" (H200 sweep, ops/gemv/NOTES.md): SIMT for 1-2 rows, and for 3-4 rows when
     the weight has few long rows (N <= 1536, K >= 4096: router, shared gate_up); the tensor-core
     kernel with split-K otherwise."""
     if variant != "auto":
@@ -152,24 +150,23 @@ def compile_gemv(key: GemvKey, extra_options: str = ""):
     else:
         from backend.k3_decode.ops.gemv.kernel import gemv_launch as launch
     extra = ((key.splits,) if key.variant == "mma"
-             else (key.pdl, key.prefetch, key.ksplit, key.warps))
+             else (key.pdl, key.ksplit, key.warps))
     return cute.compile(launch, *_compile_args(key.out_f32), key.k, key.tt, *extra,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
-         variant: str = "auto", splits: int | None = None, pdl: bool | None = None,
-         prefetch: bool = False, ksplit: int = 1, warps: int = 8) -> torch.Tensor:
+         variant: str = "auto", splits: int | None = None, pdl: bool = False,
+         ksplit: int = 1, warps: int = 8) -> torch.Tensor:
     """`out = x @ w.T` (fp32 accumulation); returns `out` (bf16 unless an fp32 `out` is given).
 
     `variant`: "auto" (`pick_variant`: SIMT for 1-2 rows and for 3-4 rows of few long weight
     rows, tensor cores otherwise), "simt" or "mma". `splits` (tensor-core kernel only): warps
     per CTA splitting K, 1/2/4/8; None = `pick_splits`. `pdl`: launch the SIMT kernel as a
     programmatic dependent launch (its first weight loads go out while the previous kernel on
-    the stream runs; x is read after that kernel has finished); None = `K3_DECODE_PDL`. The
-    tensor-core kernel never is (measured slower, backend/NOTES.md session 5). `prefetch`
-    (SIMT kernel only; ignored by the tensor-core one): each warp first bulk-prefetches its
-    weight row into L2 (`kernel.row_dot`). `ksplit` (SIMT kernel only; ignored by the tensor-core
+    the stream runs; x is read after that kernel has finished). The tensor-core kernel never
+    is (measured slower on the H200, ops/gemv/NOTES.md). `ksplit` (SIMT kernel only; ignored by
+    the tensor-core
     one): 1, 2 or 4 warps per weight row, each over K / ksplit columns (K a multiple of
     256 * ksplit), their partials added in warp order: more warps and bytes in flight for a
     weight of few rows (not the same rounding as `ksplit=1`). `warps` (SIMT only): warps per
@@ -195,11 +192,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
     sp = 1
     if var == "mma":
         sp = pick_splits(tt, k) if splits is None else splits
-    if pdl is None:
-        pdl = envs.K3_DECODE_PDL
     key = GemvKey(k, tt, out_f32, target_arch(), var, sp, bool(pdl) and var == "simt",
-                  bool(prefetch) and var == "simt", ksplit if var == "simt" else 1,
-                  warps if var == "simt" else 8)
+                  ksplit if var == "simt" else 1, warps if var == "simt" else 8)
     fn = compile_gemv(key)
     import cutlass
 
@@ -231,7 +225,6 @@ class GemvNormedKey:
     out_f32: bool
     arch: str
     pdl: bool = False  # a programmatic dependent launch (kernel_normed.gemv_normed_launch)
-    trigger: bool = False  # signals launch_dependents at its start (a dependent AttnRes)
 
 
 @functools.cache
@@ -249,7 +242,7 @@ def compile_gemv_normed(key: GemvNormedKey, extra_options: str = ""):
             cuda.CUstream(0)]
     bound = kernel_normed.MIN_CTAS_PER_SM if key.tt == 1 and key.arch == "sm_90a" else 0
     return cute.compile(kernel_normed.gemv_normed_launch, *args, key.latent, key.k, key.nb,
-                        key.eps, key.tt, bound, key.pdl, key.trigger,
+                        key.eps, key.tt, bound, key.pdl,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
@@ -283,22 +276,20 @@ def check_normed_inputs(x: torch.Tensor, latent: int, part: torch.Tensor, w: tor
 
 
 def gemv_normed(x: torch.Tensor, latent: int, part: torch.Tensor, w: torch.Tensor, eps: float,
-                out: torch.Tensor | None = None, pdl: bool = False,
-                trigger: bool = False) -> torch.Tensor:
+                out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """`out = [rms_norm(x[:, :latent]) | x[:, latent:]] @ w.T` for 1-2 rows (kernel_normed.py):
     `x` bf16 [T, K] with the un-normalised latent rows first, `part` fp32 [T, nb] with
     `sum(part[t])` = the latent rows' sum of squares (the w2 kernel's per-CTA sums of its fp32
     rows), `w` bf16 [N, K]; the norm has no weight, eps inside the rsqrt. `pdl`: a
     programmatic dependent launch (first weight loads, then wait, then x and `part`; same
-    result). `trigger`: it signals `griddepcontrol.launch_dependents` at its start, so a
-    dependent launch after it (an AttnRes with ``K3_DECODE_PDL_ATTNRES``) may start early."""
+    result)."""
     if out is None:
         need(isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() == 2
              and w.dim() == 2, GemvInputError, OP, "gemv_normed: x must be [T, K], w [N, K]")
         out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=x.device)
     t, k = check_normed_inputs(x, latent, part, w, out, eps)
     key = GemvNormedKey(latent, k, part.shape[1], float(eps), t, out.dtype == torch.float32,
-                        target_arch(), bool(pdl), bool(trigger))
+                        target_arch(), bool(pdl))
     fn = compile_gemv_normed(key)
     import cutlass
 

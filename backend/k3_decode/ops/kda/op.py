@@ -18,8 +18,6 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.k3_decode import envs
-
 SUPPORTED_HEADS = (6, 12, 96)
 MAX_Q = 8
 MAX_REQUESTS = 65536
@@ -32,18 +30,14 @@ CLUSTER_MAX_CTAS = 132  # "auto": the cluster variant while heads * requests fit
 
 def pick_variant(variant: str, heads: int, requests: int, q: int) -> str:
     """Resolve "auto": the 4-CTA cluster kernel at q = 1 while heads * requests fit one wave of
-    SMs (<= 132), else one CTA per head ("cta"); ``K3_DECODE_KDA_CLUSTER=0`` forces "cta".
+    SMs (<= 132), else one CTA per head ("cta").
 
-    Measured on the H200 (backend/NOTES.md): the cluster kernel is faster while heads * requests
-    <= 132 at q = 1 (5.6 vs 7.9 us at 12 heads, batch 1), the CTA kernel at larger batches and
-    for every verify step (q > 1). The cluster kernel's illegal-address fault of session 3
-    (8 threads indexing norm_w / out_gate at -8..-1) is fixed; its tests and the executor's
-    passed on the H200 in session 4 (NOTES.md).
+    Measured on the H200 (ops/kda/NOTES.md): the cluster kernel is faster while heads *
+    requests <= 132 at q = 1 (5.6 vs 7.9 us at 12 heads, batch 1), the CTA kernel at larger
+    batches and for every verify step (q > 1).
     """
     if variant != "auto":
         return variant
-    if not envs.K3_DECODE_KDA_CLUSTER:
-        return "cta"
     return "cluster" if q == 1 and heads * requests <= CLUSTER_MAX_CTAS else "cta"
 
 

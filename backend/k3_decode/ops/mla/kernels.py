@@ -1,16 +1,16 @@
 """CuTe DSL kernels of the Kimi K3 MLA decode (absorbed, NoPE, gated).
 
-Three launches per MLA layer and step (all SIMT, no Hopper-only instruction, so the same
-source compiles for sm_90a and sm_100a; each kernel is a thin wrapper around its ``*_body``,
-which ``kernel_core.mla_core_kernel`` also runs, all three in one opt-in launch):
+Three launches per MLA layer and step (no Hopper-only instruction, so the same source
+compiles for sm_90a and sm_100a; each kernel is a thin wrapper around its ``*_body``, which
+takes the CTA's coordinates):
 
 1. ``absorb``: ``q_lat[t, h] = [q_nope[t, h] @ W_UK_T[h], q_pe[t, h]] * qscale`` in fp32,
    ``qscale = softmax_scale * log2(e) * kv_scale`` (the cache's per-tensor scale and the
    base-2 exponent are folded into the query once).
-2. ``attend``: split-KV (flash-decoding) attention of every query row of a request over the
-   latent cache (FP8 E4M3 or BF16, paged through a block table). One CTA per
-   (row group, split, request); each warp owns tokens, each lane 16 latent + 2 rope dims.
-   Writes a normalised partial output ``[split, row, 512]`` and its base-2 LSE.
+2. ``attend`` (``kernels_mma.attend_mma_kernel``, tensor cores): split-KV (flash-decoding)
+   attention of every query row of a request over the latent cache (FP8 E4M3 or BF16, paged
+   through a block table). Writes a normalised partial output ``[split, row, 512]`` and its
+   base-2 LSE.
 3. ``combine``: LSE merge of the splits, ``W_UV`` per head, times ``kv_scale`` and
    ``sigmoid(gate)``, BF16 out.
 
@@ -25,7 +25,7 @@ import math
 import cutlass
 import cutlass.cute as cute
 
-from backend.k3_decode.ops.gemv.device import prefetch_share, smem_vec
+from backend.k3_decode.ops.gemv.device import smem_vec
 
 D_LAT = 512
 D_ROPE = 64
@@ -163,177 +163,6 @@ def absorb_kernel(q_nope: cute.Pointer, q_pe: cute.Pointer, w_uk_t: cute.Pointer
 
 
 @cute.jit
-def wait_count(ctr: cute.Pointer, target: cutlass.Int32):
-    """Hold the CTA until the int32 at ``ctr`` reaches ``target`` (thread 0 polls it with
-    acquire loads at GPU scope), then fence, so that what the counted CTAs wrote before their
-    ``signal_count`` is visible to every thread of this one (``mla_core_kernel``)."""
-    tidx, _, _ = cute.arch.thread_idx()
-    if tidx == 0:
-        v = cute.arch.load(ctr, cutlass.Int32, sem="acquire", scope="gpu")
-        while v < target:
-            v = cute.arch.load(ctr, cutlass.Int32, sem="acquire", scope="gpu")
-    cute.arch.sync_threads()
-    cute.arch.fence_acq_rel_gpu()
-
-
-@cute.jit
-def signal_count(ctr: cute.Pointer) -> cutlass.Int32:
-    """Every thread fences its global stores, then thread 0 adds one to the int32 at ``ctr``
-    (acq_rel, GPU scope) and returns the value before (other threads: -1)."""
-    tidx, _, _ = cute.arch.thread_idx()
-    cute.arch.fence_acq_rel_gpu()
-    cute.arch.sync_threads()
-    old = cutlass.Int32(-1)
-    if tidx == 0:
-        old = cute.arch.atomic_add(ctr, cutlass.Int32(1), sem="acq_rel", scope="gpu")
-    return old
-
-
-# ---------------------------------------------------------------------------------------
-# 2. attend (split-KV)
-# ---------------------------------------------------------------------------------------
-@cute.kernel
-def attend_kernel(
-    q_lat: cute.Pointer,  # f32 [R * q * H, 576]
-    cache: cute.Pointer,  # fp8/bf16 [blocks, block_size, 576]
-    block_table: cute.Pointer,  # i32 [R, bt_stride]
-    seq_lens: cute.Pointer,  # i32 [R]
-    o_part: cute.Pointer,  # f32 [splits, R * q * H, 512]
-    lse_part: cute.Pointer,  # f32 [splits, R * q * H]
-    n_req: cutlass.Int32,
-    n_heads: cutlass.Int32,
-    q_len: cutlass.Int32,
-    bt_stride: cutlass.Int32,
-    block_size: cutlass.Int32,
-    chunk: cutlass.Int32,
-    max_context: cutlass.Int32,
-    rows: cutlass.Constexpr,  # query rows per CTA
-    unroll: cutlass.Constexpr,  # tokens in flight per warp
-):
-    """Online-softmax attention of ``rows`` query rows over one chunk of one request."""
-    cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched combine may start
-    tidx, _, _ = cute.arch.thread_idx()
-    g, s, r = cute.arch.block_idx()
-    n_splits = cute.arch.grid_dim()[1]
-    lane = tidx % 32
-    warp = tidx // 32
-    rows_per_req = q_len * n_heads
-    total_rows = n_req * rows_per_req
-    row0 = g * rows
-    seq_len = cutlass.min(_ptr_tensor(seq_lens, n_req)[r], max_context)
-    last_row = cutlass.min(row0 + rows, rows_per_req) - 1
-    start = s * chunk
-    n_end = cutlass.min(start + chunk, seq_len - q_len + last_row // n_heads + 1)
-
-    # Query rows into registers: 16 latent dims (16*lane..) + 2 rope dims (512 + 2*lane..).
-    qr = cute.make_rmem_tensor(cute.make_layout((rows, 18)), cutlass.Float32)
-    eff = cute.make_rmem_tensor(cute.make_layout(rows), cutlass.Int32)
-    g_q = _ptr_tensor(q_lat, total_rows * D_QK)
-    for j in cutlass.range_constexpr(rows):
-        m = cutlass.min(row0 + j, rows_per_req - 1)
-        # last visible position + 1 for this row, clipped to the chunk (tokens past the chunk
-        # end are loaded by the unrolled tail but belong to the next split)
-        eff[j] = cutlass.min(seq_len - q_len + m // n_heads + 1, n_end)
-        if row0 + j >= rows_per_req:
-            eff[j] = 0
-        base = (r * rows_per_req + m) * D_QK
-        for d in cutlass.range_constexpr(16):
-            qr[j, d] = g_q[base + lane * 16 + d]
-        for d in cutlass.range_constexpr(2):
-            qr[j, 16 + d] = g_q[base + D_LAT + lane * 2 + d]
-
-    m_i = cute.make_rmem_tensor(cute.make_layout(rows), cutlass.Float32)
-    l_i = cute.make_rmem_tensor(cute.make_layout(rows), cutlass.Float32)
-    acc = cute.make_rmem_tensor(cute.make_layout((rows, 16)), cutlass.Float32)
-    m_i.fill(NEG)
-    l_i.fill(0.0)
-    acc.fill(0.0)
-    kv = cute.make_rmem_tensor(cute.make_layout((unroll, 18)), cutlass.Float32)
-    sc = cute.make_rmem_tensor(cute.make_layout((rows, unroll)), cutlass.Float32)
-    g_bt = _ptr_tensor(block_table, n_req * bt_stride)
-    row_elems = block_size * D_QK
-
-    for n0 in cutlass.range(start + warp * unroll, n_end, ATTN_WARPS * unroll):
-        for u in cutlass.range_constexpr(unroll):
-            n = cutlass.min(n0 + u, n_end - 1)
-            blk = g_bt[r * bt_stride + n // block_size]
-            off = cutlass.Int64(blk) * row_elems + (n % block_size) * D_QK
-            lat = cute.make_tensor(
-                cache + cute.assume(off + lane * 16, divby=16), cute.make_layout(16)
-            ).load().to(cutlass.Float32)
-            rope = cute.make_tensor(
-                cache + cute.assume(off + D_LAT + lane * 2, divby=2), cute.make_layout(2)
-            ).load().to(cutlass.Float32)
-            for d in cutlass.range_constexpr(16):
-                kv[u, d] = lat[d]
-            for d in cutlass.range_constexpr(2):
-                kv[u, 16 + d] = rope[d]
-        for j in cutlass.range_constexpr(rows):
-            for u in cutlass.range_constexpr(unroll):
-                part = cutlass.Float32(0.0)
-                for d in cutlass.range_constexpr(18):
-                    part = part + qr[j, d] * kv[u, d]
-                sc[j, u] = cute.arch.warp_reduction(part, lambda a, b: a + b)
-        for j in cutlass.range_constexpr(rows):
-            mx = m_i[j]
-            for u in cutlass.range_constexpr(unroll):
-                mx = cutlass.max(mx, cutlass.select_(n0 + u < eff[j], sc[j, u], NEG))
-            corr = _exp2(m_i[j] - mx)
-            l_new = l_i[j] * corr
-            for d in cutlass.range_constexpr(16):
-                acc[j, d] = acc[j, d] * corr
-            for u in cutlass.range_constexpr(unroll):
-                p = cutlass.select_(n0 + u < eff[j], _exp2(sc[j, u] - mx), 0.0)
-                l_new = l_new + p
-                for d in cutlass.range_constexpr(16):
-                    acc[j, d] = acc[j, d] + p * kv[u, d]
-            l_i[j] = l_new
-            m_i[j] = mx
-
-    _merge_warps_and_store(acc, m_i, l_i, o_part, lse_part, s, n_splits, r, row0,
-                           rows_per_req, total_rows, tidx, lane, warp, rows)
-
-
-@cute.jit
-def _merge_warps_and_store(acc, m_i, l_i, o_part, lse_part, s, n_splits, r, row0,
-                           rows_per_req, total_rows, tidx, lane, warp, rows: cutlass.Constexpr):
-    """Merge the four warps' running softmax states and write the split's partial."""
-    smem = cutlass.memory.SmemAllocator()
-    s_o = smem.allocate_tensor(
-        cutlass.Float32, cute.make_layout((ATTN_WARPS, rows, D_LAT)), 16)
-    s_m = smem.allocate_tensor(cutlass.Float32, cute.make_layout((ATTN_WARPS, rows)), 16)
-    s_l = smem.allocate_tensor(cutlass.Float32, cute.make_layout((ATTN_WARPS, rows)), 16)
-    for j in cutlass.range_constexpr(rows):
-        for d in cutlass.range_constexpr(16):
-            s_o[warp, j, lane * 16 + d] = acc[j, d]
-        if lane == 0:
-            s_m[warp, j] = m_i[j]
-            s_l[warp, j] = l_i[j]
-    cute.arch.sync_threads()
-    g_o = _ptr_tensor(o_part, n_splits * total_rows * D_LAT)
-    g_lse = _ptr_tensor(lse_part, n_splits * total_rows)
-    for j in cutlass.range_constexpr(rows):
-        if row0 + j < rows_per_req:
-            mx = s_m[0, j]
-            for w in cutlass.range_constexpr(1, ATTN_WARPS):
-                mx = cutlass.max(mx, s_m[w, j])
-            den = cutlass.Float32(0.0)
-            for w in cutlass.range_constexpr(ATTN_WARPS):
-                den = den + s_l[w, j] * _exp2(s_m[w, j] - mx)
-            inv = cutlass.select_(den > 0.0, 1.0 / den, 0.0)
-            row = s * total_rows + r * rows_per_req + row0 + j
-            for c in cutlass.range_constexpr(D_LAT // ATTN_THREADS):
-                d = tidx + c * ATTN_THREADS
-                v = cutlass.Float32(0.0)
-                for w in cutlass.range_constexpr(ATTN_WARPS):
-                    v = v + s_o[w, j, d] * _exp2(s_m[w, j] - mx)
-                g_o[cutlass.Int64(row) * D_LAT + d] = v * inv
-            if tidx == 0:
-                g_lse[row] = cutlass.select_(
-                    den > 0.0, mx + cute.math.log2(den, fastmath=False), -math.inf)
-
-
-@cute.jit
 def _merge_token(g_lse: cute.Tensor, o_part: cute.Pointer, s_lat: cute.Tensor, row, total_rows,
                  n_splits, s_off, groups: cutlass.Constexpr):
     """LSE merge of one (token, head) row's split partials by the calling warp: this lane's
@@ -366,7 +195,7 @@ def _merge_token(g_lse: cute.Tensor, o_part: cute.Pointer, s_lat: cute.Tensor, r
 
 
 # ---------------------------------------------------------------------------------------
-# 3. combine + W_UV + gate
+# 3. combine + W_UV + gate (2., the attention, is kernels_mma.py)
 # ---------------------------------------------------------------------------------------
 @cute.jit
 def combine_body(
@@ -385,22 +214,19 @@ def combine_body(
     n_splits: cutlass.Int32,
     tokens_per_cta: cutlass.Constexpr,
     pdl: cutlass.Constexpr = False,
-    wait_ctr: cute.Pointer = None,
-    wait_target: cutlass.Int32 = 0,
 ):
     """CTA (``h``, ``tg``, ``cb``): one (head, token group, 32 output columns): merge splits,
     W_UV, scale, gate.
 
     Split merge (``_merge_token``, 16-byte partial loads): with fewer tokens in the group than
     warps, the four warps merge each token together (warp ``w`` latent dims ``128 w ..``; one
-    warp per token left three idle at one token, H200 run 27); otherwise warp ``w`` merges tokens
-    ``w, w + 4, ...`` on its own (lane: dims ``4 l + 128 c``). ``W_UV``: lane ``l`` of warp ``w`` owns four
-    adjacent columns (``l % 8``) and the 32 latent rows ``i * 16 + 4w + l // 8`` (one 8-byte
+    warp per token would leave three idle at one token, ops/mla/NOTES.md); otherwise warp ``w``
+    merges tokens ``w, w + 4, ...`` on its own (lane: dims ``4 l + 128 c``). ``W_UV``: lane
+    ``l`` of warp ``w`` owns four adjacent columns (``l % 8``) and the 32 latent rows ``i * 16 + 4w + l // 8`` (one 8-byte
     load per row, all in flight; interleaved rows keep the shared-memory reads conflict-free);
     the 16 row groups meet in shared memory. Padding tokens of the last group are skipped.
     This lane's ``W_UV`` values are loaded into registers first; with ``pdl`` the CTA then
-    waits (``griddepcontrol.wait``) for the attention kernel before reading its partials, with
-    ``wait_ctr`` until ``wait_target`` attention CTAs have signalled (``mla_core_kernel``).
+    waits (``griddepcontrol.wait``) for the attention kernel before reading its partials.
     """
     cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
     tidx, _, _ = cute.arch.thread_idx()
@@ -414,8 +240,6 @@ def combine_body(
         w_rows.append(cute.make_tensor(w_uv + cute.assume(off, divby=4), cute.make_layout(4)).load())
     if cutlass.const_expr(pdl):
         cute.arch.griddepcontrol_wait()
-    if cutlass.const_expr(wait_ctr is not None):
-        wait_count(wait_ctr, wait_target)
     total_rows = n_tokens * n_heads
     # flat, row-major shared memory (no bank conflicts, see the docstring)
     smem = cutlass.memory.SmemAllocator()
@@ -471,21 +295,9 @@ def combine_body(
 def combine_kernel(o_part: cute.Pointer, lse_part: cute.Pointer, w_uv: cute.Pointer,
                    gate: cute.Pointer, kv_scale: cute.Pointer, out: cute.Pointer,
                    n_tokens: cutlass.Int32, n_heads: cutlass.Int32, gate_ts: cutlass.Int32,
-                   n_splits: cutlass.Int32, pf: cute.Pointer, pf_bytes: cutlass.Int64,
-                   tokens_per_cta: cutlass.Constexpr, pdl: cutlass.Constexpr = False,
-                   pf_x: cutlass.Constexpr = 0):
-    """``combine_body`` on grid (head, token group, 32-column block). ``pf_x`` > 0: the grid
-    has ``pf_x`` more head columns whose CTAs only bulk-prefetch equal shares of ``[pf, pf +
-    pf_bytes)`` (the o_proj weight's first rows) into L2 and exit."""
+                   n_splits: cutlass.Int32, tokens_per_cta: cutlass.Constexpr,
+                   pdl: cutlass.Constexpr = False):
+    """``combine_body`` on grid (head, token group, 32-column block)."""
     h, tg, cb = cute.arch.block_idx()
-    prefetching = False  # compile-time False without prefetch columns: no test in the kernel
-    if cutlass.const_expr(pf_x > 0):
-        prefetching = h >= n_heads
-    if prefetching:
-        _, gy, gz = cute.arch.grid_dim()
-        tid, _, _ = cute.arch.thread_idx()
-        prefetch_share(pf, pf_bytes, (((h - n_heads) * gy + tg) * gz + cb) * COMBINE_THREADS
-                       + tid, pf_x * gy * gz * COMBINE_THREADS)
-    else:
-        combine_body(h, tg, cb, o_part, lse_part, w_uv, gate, kv_scale, out, n_tokens, n_heads,
-                     gate_ts, n_splits, tokens_per_cta, pdl)
+    combine_body(h, tg, cb, o_part, lse_part, w_uv, gate, kv_scale, out, n_tokens, n_heads,
+                 gate_ts, n_splits, tokens_per_cta, pdl)

@@ -11,8 +11,8 @@ C. ``O^T[512, 16] += V^T[512, N] . P^T[N, 16]``; warps split the 512 latent dims
 
 FP8 E4M3 caches run the MMA in f16 (E4M3 converts exactly; the query is rounded to f16);
 BF16 caches run it in bf16 with the query split into a high and a low bf16 part (two MMAs),
-so scores keep about 16 bits. Output: normalised partial ``O`` and its base-2 LSE, as
-``kernels.attend_kernel`` writes them (``kernels.combine_kernel`` merges either).
+so scores keep about 16 bits. Output: normalised partial ``O`` and its base-2 LSE, which
+``kernels.combine_kernel`` merges.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
-from backend.k3_decode.ops.mla.kernels import D_LAT, D_QK, NEG, _exp2, _ptr_tensor, wait_count
+from backend.k3_decode.ops.mla.kernels import D_LAT, D_QK, NEG, _exp2, _ptr_tensor
 
 M_TILE = 16
 THREADS = 128
@@ -59,15 +59,11 @@ def attend_mma_body(
     block_size: cutlass.Int32,
     chunk: cutlass.Int32,
     max_context: cutlass.Int32,
-    wait_ctr: cute.Pointer = None,
-    wait_target: cutlass.Int32 = 0,
     pdl: cutlass.Constexpr = False,
     fp8_tile: cutlass.Constexpr = 64,
 ):
     """Split-KV latent attention of 16 query rows (group ``gidx``) of request ``r`` over chunk
-    ``s``, on tensor cores. With ``wait_ctr`` (``mla_core_kernel``) the first cache tile's copies
-    go out, then the CTA waits until ``wait_target`` absorb CTAs have signalled before it reads
-    the query. ``pdl`` (programmatic dependent launch after the kernel that writes the query and
+    ``s``, on tensor cores. ``pdl`` (programmatic dependent launch after the kernel that writes the query and
     inserts this step's cache rows): the first tile's copies of the cache rows of earlier steps
     (tokens below ``seq_len - q_len``) go out, then ``griddepcontrol.wait``, then the copies of
     this step's rows and the query loads. The CTA signals ``launch_dependents`` only after its
@@ -125,8 +121,6 @@ def attend_mma_body(
             _issue_tile(cp_atom, cache, s_kv, g_bt, r, bt_stride, block_size, row_elems, start,
                         n_end, 0, tidx, n_tile, rs, epc, cpt, chunks_per_thread, fresh, 2)
     cute.arch.cp_async_commit_group()
-    if cutlass.const_expr(wait_ctr is not None):
-        wait_count(wait_ctr, wait_target)
 
     # Query rows -> shared memory (f16/bf16, hi + lo for bf16): 16-byte loads, all of a
     # thread's 18 issued before the first use (a rolled scalar loop waited on each load).

@@ -15,9 +15,6 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_ptr
 
-from backend.k3_decode import envs
-from backend.k3_decode.ops.gemv.common import byte_ptr, ticket_counter
-from backend.k3_decode.ops.gemv.common import upcoming_bytes as prefetch_bytes
 from backend.k3_decode.ops.mla.checks import (
     D_LAT,
     D_QK,
@@ -27,10 +24,7 @@ from backend.k3_decode.ops.mla.checks import (
     plan_splits,
 )
 from backend.k3_decode.ops.mla.compile import DEFAULT_TILING, Tiling, compiled_mla_decode
-from backend.k3_decode.ops.mla.kernel_core import N_COUNTERS, core_ctas
 
-CORE_CTAS_PER_SM = 1  # the fused kernel's grid must fit at one CTA per SM (kernel_core.py)
-COMBINE_PF_X = 4  # combine grid columns that prefetch `upcoming` (x 4 x token groups CTAs)
 DEFAULT_SOFTMAX_SCALE = 192**-0.5  # (qk_nope 128 + rope 64) ** -0.5, as vLLM's MLA
 
 _TORCH_TO_CUTE = {
@@ -78,11 +72,7 @@ def mla_decode(
     tiling: Tiling = DEFAULT_TILING,
     check_lengths: bool = True,
     pdl: bool = False,
-    fused: bool | None = None,
-    counter: torch.Tensor | None = None,
     q_lat: torch.Tensor | None = None,
-    upcoming: torch.Tensor | None = None,
-    upcoming_bytes: int = 0,
     pdl_attend: bool = False,
 ) -> torch.Tensor:
     """K3 MLA decode from the split query to the gated ``o_proj`` input ``[T, H*128]`` (bf16).
@@ -94,21 +84,12 @@ def mla_decode(
     ``T = R * q_per_request``; token ``r*q + i`` sees positions ``0 .. seq_lens[r] - q + i``.
     ``max_context`` (default: the block table's capacity) sizes the split-KV grid; it is a host
     value, so the launch is CUDA-graph safe. ``pdl``: absorb and combine are programmatic
-    dependent launches that load their weights while the previous kernel finishes (measured
-    slower on the H200, run 28: off by default and not used by the executor; not tied to
-    ``K3_DECODE_PDL``). ``fused``: the three stages as one cooperative launch
-    (``kernel_core``) synced through ``counter``, the caller's int32 tensor of >= 3 zeros (the
-    kernel leaves them at zero; launches that may overlap must not share one); None = fused when
-    ``K3_DECODE_MLA_FUSED=1`` (default off: not faster on the H200, NOTES.md session 8), a
-    ``counter`` is given, the tiling is the tensor-core one without ``pdl`` and the whole grid
-    fits at one CTA per SM; True where one of those does not hold (the variable aside) raises.
+    dependent launches that load their weights while the previous kernel finishes (the executor
+    asks for it at 1-2 tokens and short contexts, ``DecodeSettings.mla_dependent``).
     ``q_lat``: the absorbed query, fp32 ``[T, H, 576]``, already written on this stream by
     ``prep.mla_qb_absorb`` (same ``softmax_scale`` and ``kv_scale``): the absorb launch is
-    skipped (``q_nope`` / ``q_pe`` are then only checked, not read; never fused).
-    ``upcoming`` with ``upcoming_bytes`` > 0 (three launches only): the combine launch gets
-    ``COMBINE_PF_X`` more head columns whose CTAs prefetch the first ``upcoming_bytes`` of
-    ``upcoming`` (the next kernel's weight, o_proj) into L2; the result does not change.
-    ``pdl_attend`` (tensor-core tiling, three launches; ``K3_DECODE_PDL_ATTEND``): the attention
+    skipped (``q_nope`` / ``q_pe`` are then only checked, not read).
+    ``pdl_attend``: the attention
     kernel is a programmatic dependent launch: its first tile's cache rows of earlier steps are
     in flight while the previous kernel (the one that writes ``q_lat`` and this step's cache
     rows, ``prep.mla_qb_absorb``) finishes; this step's rows and the query are read after
@@ -128,30 +109,6 @@ def mla_decode(
                                 _num_sms(dev.index or 0), min_chunk=tiling.min_chunk,
                                 n_splits=n_splits, ctas_per_sm=tiling.ctas_per_sm,
                                 min_ctas=tiling.min_ctas)
-    n_core = core_ctas(shape.n_req, shape.n_heads, shape.q_len, splits, tiling.tokens_per_cta)
-    can_fuse = (tiling.variant == "mma" and tiling.fp8_tile == 64 and not pdl and not pdl_attend
-                and counter is not None and q_lat is None and n_core <= _num_sms(dev.index or 0) * CORE_CTAS_PER_SM)
-    if fused is None:
-        fused = can_fuse and envs.K3_DECODE_MLA_FUSED == "1"
-    elif fused and not can_fuse:
-        why = ("it needs the tensor-core attention (variant 'mma')" if tiling.variant != "mma"
-               else "it does not run with pdl=True" if pdl
-               else "it does not run with pdl_attend=True" if pdl_attend
-               else "it runs 64-token fp8 tiles (tiling.fp8_tile=32)" if tiling.fp8_tile != 64
-               else "it runs its own absorb stage (q_lat= was given)" if q_lat is not None
-               else "it needs counter= (an int32 tensor of >= 3 zeros of the caller's own)"
-               if counter is None
-               else f"its {n_core} CTAs do not fit on the GPU at once (one per SM)")
-        raise MlaInputError(f"fused=True: {why}")
-    if pdl_attend and tiling.variant != "mma":
-        raise MlaInputError("pdl_attend=True needs the tensor-core tiling (variant 'mma')")
-    if fused and (counter.dtype != torch.int32 or counter.numel() < N_COUNTERS
-                  or counter.device != dev or not counter.is_contiguous()
-                  or counter.data_ptr() % 16):
-        raise MlaInputError(f"counter must be a contiguous int32 tensor of >= {N_COUNTERS} "
-                            f"values on {dev}, 16-byte aligned")
-    if not fused:  # the three-launch path never reads it; the launcher still takes a pointer
-        counter = ticket_counter("mla_decode", dev, N_COUNTERS)
     rows_total = shape.n_tokens * shape.n_heads
     absorb = q_lat is None
     if absorb:
@@ -164,17 +121,13 @@ def mla_decode(
     o_part = torch.empty(splits * rows_total * D_LAT, dtype=torch.float32, device=dev)
     lse_part = torch.empty(splits * rows_total, dtype=torch.float32, device=dev)
     scale_t = _scale_tensor(kv_scale, dev)
-    pf_bytes = 0 if fused else prefetch_bytes(MlaInputError, "mla_decode", upcoming,
-                                              upcoming_bytes, dev)
-    fn = compiled_mla_decode(shape.cache_dtype, tiling, bool(pdl), bool(fused), absorb,
-                             COMBINE_PF_X if pf_bytes else 0, bool(pdl_attend))
+    fn = compiled_mla_decode(shape.cache_dtype, tiling, bool(pdl), absorb, bool(pdl_attend))
     stream = cuda.CUstream(torch.cuda.current_stream(dev).cuda_stream)
     fn(_ptr(q_nope), _ptr(q_pe), _ptr(w_uk_t), _ptr(scale_t), _ptr(kv_cache), _ptr(block_table),
        _ptr(seq_lens), _ptr(gate), _ptr(w_uv), _ptr(out), _ptr(q_lat), _ptr(o_part),
-       _ptr(lse_part), _ptr(counter), shape.n_req, shape.n_heads, shape.q_len, shape.max_blocks,
+       _ptr(lse_part), shape.n_req, shape.n_heads, shape.q_len, shape.max_blocks,
        shape.block_size, chunk, shape.max_context, splits, *q_nope.stride()[:2],
-       *q_pe.stride()[:2], gate.stride(0), float(softmax_scale),
-       byte_ptr(upcoming if pf_bytes else out), cutlass.Int64(pf_bytes), stream)
+       *q_pe.stride()[:2], gate.stride(0), float(softmax_scale), stream)
     return out
 
 

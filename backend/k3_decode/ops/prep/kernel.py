@@ -49,7 +49,6 @@ from backend.k3_decode.ops.gemv.device import (
     I64,
     U32,
     flat,
-    prefetch_share,
     situ,
     smem_vec,
     st_cluster_f32,
@@ -417,17 +416,12 @@ def mla_qba_kernel(q_c: cute.Pointer, q_w: cute.Pointer, w: cute.Pointer, y: cut
                    kv_w: cute.Pointer, cache: cute.Pointer, block_table: cute.Pointer,
                    positions: cute.Pointer, kv_scale: cute.Pointer, ld_kvc: I64, ld_kpe: I64,
                    ld_bt: I64, ld_blk: I64, ld_slot: I64, q_per_request: I32, log2_bs: I32,
-                   max_blocks: I32, num_blocks: I32, pf: cute.Pointer, pf_bytes: I64,
-                   k: cutlass.Constexpr, tt: cutlass.Constexpr, q_eps: cutlass.Constexpr,
-                   fp8: cutlass.Constexpr, eps: cutlass.Constexpr,
-                   pdl: cutlass.Constexpr = False, pf_clusters: cutlass.Constexpr = 0):
+                   max_blocks: I32, num_blocks: I32, k: cutlass.Constexpr,
+                   tt: cutlass.Constexpr, q_eps: cutlass.Constexpr, fp8: cutlass.Constexpr,
+                   eps: cutlass.Constexpr):
     """Cluster `h < n_heads` (8 CTAs): the head's q_b rows and its absorbed latent query;
     cluster `n_heads`: its first CTA's warps insert the tokens' cache rows (see `mla_qb_absorb`
-    in op.py for the math); the `pf_clusters` clusters after it only bulk-prefetch equal shares
-    of `[pf, pf + pf_bytes)` (a later kernel's weight) into L2 and exit. `pdl` (programmatic dependent launch): the W_UK_T slice, the CTA's
-    q_b rows and the q norm weight are loaded before `griddepcontrol.wait` (`row_dot`), q_c is
-    read after it; the insert warps wait before they read kv_c / k_pe. Nothing is written
-    before the wait."""
+    in op.py for the math)."""
     cute.arch.griddepcontrol_launch_dependents()  # a PDL-launched GEMV may start
     bx, _, _ = cute.arch.block_idx()
     head = bx // QBA_SPLIT
@@ -459,17 +453,11 @@ def mla_qba_kernel(q_c: cute.Pointer, q_w: cute.Pointer, w: cute.Pointer, y: cut
         row = head * QBA_HEAD_ROWS + r_in_head
         acc = cute.make_rmem_tensor((tt,), F32)
         ss = cute.make_rmem_tensor((tt,), F32)
-        if cutlass.const_expr(pdl):  # W_UK_T to smem first: its registers are free before
-            for i in cutlass.range_constexpr(nround):  # the q_b rows go in flight (no spills)
-                c = tid + QBA_THREADS * i
-                if c < QBA_W_VECS:
-                    cute.copy(cp, wv[None, i], smem_vec(s_w, c * V, V))
-        row_dot(w + row.to(I64) * k, q_c, ld_q, I32(0), n_tok, acc, k, tt, pdl, xw=q_w, ss=ss)
-        if cutlass.const_expr(not pdl):
-            for i in cutlass.range_constexpr(nround):
-                c = tid + QBA_THREADS * i
-                if c < QBA_W_VECS:
-                    cute.copy(cp, wv[None, i], smem_vec(s_w, c * V, V))
+        row_dot(w + row.to(I64) * k, q_c, ld_q, I32(0), n_tok, acc, k, tt, xw=q_w, ss=ss)
+        for i in cutlass.range_constexpr(nround):
+            c = tid + QBA_THREADS * i
+            if c < QBA_W_VECS:
+                cute.copy(cp, wv[None, i], smem_vec(s_w, c * V, V))
         cute.arch.cluster_wait()
         if cute.arch.lane_idx() == 0:
             for t in cutlass.range_constexpr(tt):
@@ -509,14 +497,8 @@ def mla_qba_kernel(q_c: cute.Pointer, q_w: cute.Pointer, w: cute.Pointer, y: cut
                     tot = tot + s_red[(g * tt + t) * QBA_COLS + col]
                 lat_row = (t * n_heads + head).to(I64) * (D_LAT + D_ROPE)
                 flat(q_lat)[lat_row + rank * QBA_COLS + col] = tot * qscale
-    elif head > n_heads:
-        if cutlass.const_expr(pf_clusters > 0):
-            prefetch_share(pf, pf_bytes, (bx - (n_heads + 1) * QBA_SPLIT) * QBA_THREADS + tid,
-                           I32(pf_clusters * QBA_SPLIT * QBA_THREADS))
-    else:
+    elif head <= n_heads:  # the insert cluster, the grid's last
         if (rank == 0) & (warp < tt) & (warp < n_tok):
-            if cutlass.const_expr(pdl):
-                cute.arch.griddepcontrol_wait()  # kv_c / k_pe come from the previous kernel
             _kv_insert_row(kv_c, k_pe, kv_w, cache, block_table, positions, kv_scale, ld_kvc,
                            ld_kpe, ld_bt, ld_blk, ld_slot, q_per_request, log2_bs, max_blocks,
                            num_blocks, warp, fp8, eps)
@@ -529,16 +511,13 @@ def mla_qba_launch(q_c: cute.Pointer, q_w: cute.Pointer, w: cute.Pointer, y: cut
                    kv_w: cute.Pointer, cache: cute.Pointer, block_table: cute.Pointer,
                    positions: cute.Pointer, kv_scale: cute.Pointer, ld_kvc: I64, ld_kpe: I64,
                    ld_bt: I64, ld_blk: I64, ld_slot: I64, q_per_request: I32, log2_bs: I32,
-                   max_blocks: I32, num_blocks: I32, pf: cute.Pointer, pf_bytes: I64,
-                   stream: cuda.CUstream, k: cutlass.Constexpr, tt: cutlass.Constexpr,
-                   q_eps: cutlass.Constexpr, fp8: cutlass.Constexpr, eps: cutlass.Constexpr,
-                   pdl: cutlass.Constexpr = False, pf_clusters: cutlass.Constexpr = 0):
-    """Host side: clusters of 8 CTAs, one per head plus one for the cache insert (plus
-    `pf_clusters` prefetch clusters); `pdl`: a programmatic dependent launch (it may start
-    while the previous kernel runs)."""
+                   max_blocks: I32, num_blocks: I32, stream: cuda.CUstream,
+                   k: cutlass.Constexpr, tt: cutlass.Constexpr, q_eps: cutlass.Constexpr,
+                   fp8: cutlass.Constexpr, eps: cutlass.Constexpr):
+    """Host side: clusters of 8 CTAs, one per head plus one for the cache insert."""
     mla_qba_kernel(q_c, q_w, w, y, w_uk_t, q_lat, softmax_scale, n_heads, n_tok, ld_q, ld_y,
                    kv_c, k_pe, kv_w, cache, block_table, positions, kv_scale, ld_kvc, ld_kpe,
-                   ld_bt, ld_blk, ld_slot, q_per_request, log2_bs, max_blocks, num_blocks, pf,
-                   pf_bytes, k, tt, q_eps, fp8, eps, pdl, pf_clusters).launch(
-        grid=((n_heads + 1 + pf_clusters) * QBA_SPLIT, 1, 1), block=(QBA_THREADS, 1, 1),
-        cluster=(QBA_SPLIT, 1, 1), stream=stream, use_pdl=pdl)
+                   ld_bt, ld_blk, ld_slot, q_per_request, log2_bs, max_blocks, num_blocks, k,
+                   tt, q_eps, fp8, eps).launch(
+        grid=((n_heads + 1) * QBA_SPLIT, 1, 1), block=(QBA_THREADS, 1, 1),
+        cluster=(QBA_SPLIT, 1, 1), stream=stream)

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import torch
 
 from backend.k3_decode.ops.gemv.common import (
-    byte_ptr,
     check_device,
     check_tensor,
     extent,
@@ -33,7 +32,6 @@ from backend.k3_decode.ops.gemv.common import (
     stream_of,
     target_arch,
 )
-from backend.k3_decode.ops.gemv.common import upcoming_bytes as upcoming_bytes_checked
 
 BF = torch.bfloat16
 F8 = torch.float8_e4m3fn
@@ -362,8 +360,6 @@ class MlaQbKey:
     fp8: bool
     eps: float
     arch: str
-    pdl: bool = False  # `mla_qb_absorb` only: a programmatic dependent launch
-    pf_clusters: int = 0  # `mla_qb_absorb` only: clusters that prefetch `upcoming` into L2
 
 
 @functools.cache
@@ -446,7 +442,6 @@ def mla_qb(q_c: torch.Tensor, q_norm_w: torch.Tensor, w_qb: torch.Tensor, kv_c: 
 
 QBA_NOPE = 128  # q_nope rows per K3 MLA head; with the KV_PE (64) q_pe rows: [nope | rope]
 QBA_MAX_HEADS = 128  # (heads + 1) clusters of 8 CTAs; K3: 12 heads at TP8, 6 at TP16
-QBA_PF_CLUSTERS = 3  # prefetch clusters of `mla_qb_absorb` (24 CTAs: beside its 104 at TP8)
 QBA_MAX_K = 2048  # its 768-thread CTAs get <= 80 registers a thread: K = 4096 spills (ptxas)
 
 
@@ -469,9 +464,9 @@ def compile_mla_qba(key: MlaQbKey, extra_options: str = ""):
     bf, f32, i32, i64 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32, cutlass.Int64
     args = [fake_ptr(bf), fake_ptr(bf), fake_ptr(bf), fake_ptr(bf, 4), fake_ptr(bf),
             fake_ptr(f32), f32(1.0), i32(1), i32(1), i64(1), i64(1)]
-    args += _kv_fake_args(key.fp8, count=False) + [fake_ptr(cutlass.Uint8), i64(0)]
+    args += _kv_fake_args(key.fp8, count=False)
     return cute.compile(mla_qba_launch, *args, cuda.CUstream(0), key.k, key.tt, key.q_eps,
-                        key.fp8, key.eps, key.pdl, key.pf_clusters,
+                        key.fp8, key.eps,
                         options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
@@ -480,9 +475,8 @@ def mla_qb_absorb(q_c: torch.Tensor, q_norm_w: torch.Tensor, w_qb: torch.Tensor,
                   kv_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
                   kv_scale: torch.Tensor, w_uk_t: torch.Tensor, *, softmax_scale: float,
                   q_per_request: int = 1, eps: float = 1e-6, q_eps: float = 1e-6,
-                  out: torch.Tensor | None = None, q_lat: torch.Tensor | None = None,
-                  pdl: bool = False, upcoming: torch.Tensor | None = None,
-                  upcoming_bytes: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                  out: torch.Tensor | None = None, q_lat: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """`mla_qb` plus the MLA decode's absorb in the same launch (1-2 tokens, `qba_fits`):
     returns `(out, q_lat)`, `out [T, H*192]` bf16 as `mla_qb` (per head [q_nope 128 | q_pe 64])
     and `q_lat [T, H, 576]` fp32 `= [q_nope @ w_uk_t[h], q_pe] * softmax_scale * log2(e) *
@@ -490,11 +484,6 @@ def mla_qb_absorb(q_c: torch.Tensor, q_norm_w: torch.Tensor, w_qb: torch.Tensor,
     (bit-identical to `mla_qb` followed by it); pass it to `mla_decode(q_lat=...)`. `w_uk_t
     [H, 128, 512]` bf16 (dense); `kv_scale` is the cache's per-tensor scale, as for the insert
     (use ones for a bf16 cache). `q_lat` (made when None) must not overlap the other tensors.
-    `pdl`: a programmatic dependent launch: the weights are loaded while the previous kernel
-    on the stream (the one that writes q_c, kv_c and k_pe) finishes; q_c, kv_c and k_pe are
-    read after `griddepcontrol.wait`. `upcoming` with `upcoming_bytes` > 0: the launch gets
-    `QBA_PF_CLUSTERS` more clusters whose CTAs bulk-prefetch the first `upcoming_bytes` of
-    `upcoming` (a later kernel's weight: o_proj) into L2; nothing else changes.
     Raises `PrepInputError` before any compile."""
     err, op = PrepInputError, "mla_qb_absorb"
     t, k, n, bs, out = _check_qb(op, q_c, q_norm_w, w_qb, kv_c, k_pe, kv_norm_w, kv_cache,
@@ -518,17 +507,14 @@ def mla_qb_absorb(q_c: torch.Tensor, q_norm_w: torch.Tensor, w_qb: torch.Tensor,
     check_device(err, op, q_c, q_norm_w, w_qb, out, kv_c, k_pe, kv_norm_w, kv_cache, block_table,
                  positions, kv_scale, w_uk_t, q_lat)
     fp8 = kv_cache.dtype == F8
-    pf = upcoming_bytes_checked(PrepInputError, op, upcoming, upcoming_bytes, q_c.device)
-    fn = compile_mla_qba(MlaQbKey(k, t, float(q_eps), fp8, float(eps), target_arch(),
-                                  bool(pdl), QBA_PF_CLUSTERS if pf else 0))
+    fn = compile_mla_qba(MlaQbKey(k, t, float(q_eps), fp8, float(eps), target_arch()))
     import cutlass
 
     fn(ptr(q_c), ptr(q_norm_w), ptr(w_qb), ptr(out, 4), ptr(w_uk_t), ptr(q_lat),
        cutlass.Float32(softmax_scale), cutlass.Int32(h), cutlass.Int32(t),
        cutlass.Int64(q_c.stride(0)), cutlass.Int64(out.stride(0)),
        *_kv_args(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions, kv_scale, None, bs,
-                 q_per_request), byte_ptr(upcoming if pf else out), cutlass.Int64(pf),
-       stream_of(q_c.device))
+                 q_per_request), stream_of(q_c.device))
     return out, q_lat
 
 

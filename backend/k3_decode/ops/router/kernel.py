@@ -64,14 +64,14 @@ def _select_round(vals: cute.Tensor, lane: I32, j: I32, my_id: I32, per_lane: cu
 def _select_token(scores: cute.Pointer, bias: cute.Pointer, topk_w: cute.Pointer,
                   topk_ids: cute.Pointer, tok: I32, e: cutlass.Constexpr,
                   top_k: cutlass.Constexpr, renorm: cutlass.Constexpr,
-                  scaling: cutlass.Constexpr, rolled: cutlass.Constexpr):
+                  scaling: cutlass.Constexpr):
     """One warp: exact top-k of `scores[tok] + bias` with lowest-index tie-break; writes k rows.
 
-    ``rolled``: the k rounds are one loop in the SASS (each round's E / 32 compares stay
-    unrolled, so the scores stay in registers) instead of k copies of the round: same result,
-    about a k-th of the selection's code. The selection runs once per launch, on the critical
-    path, after the layer's weights went through L2: straight-line code is then fetched cold
-    line by line, a loop's body once (NOTES.md session 9: 19% no-instruction stalls)."""
+    The k rounds are one loop in the SASS (each round's E / 32 compares stay unrolled, so the
+    scores stay in registers), not k copies of the round: about a k-th of the selection's code.
+    The selection runs once per launch, on the critical path, after the layer's weights went
+    through L2: straight-line code is then fetched cold line by line, a loop's body once
+    (ops/router/NOTES.md: 19% no-instruction stalls unrolled)."""
     lane = cute.arch.lane_idx()
     per_lane = e // 32
     row = scores + tok.to(I64) * e
@@ -81,12 +81,8 @@ def _select_token(scores: cute.Pointer, bias: cute.Pointer, topk_w: cute.Pointer
         s = cute.arch.load(row + (lane + 32 * i), F32, cop="cg")
         vals[i] = s + bt[lane + 32 * i]
     my_id = I32(0)
-    if cutlass.const_expr(rolled):
-        for j in cutlass.range(top_k, unroll=1):
-            my_id = _select_round(vals, lane, j, my_id, per_lane)
-    else:
-        for j in cutlass.range_constexpr(top_k):
-            my_id = _select_round(vals, lane, j, my_id, per_lane)
+    for j in cutlass.range(top_k, unroll=1):
+        my_id = _select_round(vals, lane, j, my_id, per_lane)
     w = F32(0.0)
     if lane < top_k:
         w = cute.arch.load(row + my_id, F32, cop="cg")
@@ -106,8 +102,7 @@ def router_kernel(x: cute.Pointer, w: cute.Pointer, bias: cute.Pointer, scores: 
                   fw: cute.Pointer, fy: cute.Pointer, n_tok: I32, ld_x: I64, ld_fy: I64,
                   k: cutlass.Constexpr, e: cutlass.Constexpr, top_k: cutlass.Constexpr,
                   tt: cutlass.Constexpr, renorm: cutlass.Constexpr, scaling: cutlass.Constexpr,
-                  front_rows: cutlass.Constexpr, rolled: cutlass.Constexpr,
-                  prefetch: cutlass.Constexpr, pdl: cutlass.Constexpr = False):
+                  front_rows: cutlass.Constexpr, pdl: cutlass.Constexpr = False):
     """Logits + sigmoid for (8 experts x tt tokens) per CTA; the last router CTA selects top-k.
 
     With ``front_rows > 0`` the CTAs after the E / 8 router CTAs are a plain GEMV of the same x
@@ -131,7 +126,7 @@ def router_kernel(x: cute.Pointer, w: cute.Pointer, bias: cute.Pointer, scores: 
     if rb < router_ctas:
         row = rb * WARPS + warp
         acc = cute.make_rmem_tensor((tt,), F32)
-        row_dot(w + row.to(I64) * k, x, ld_x, tok0, n_tok, acc, k, tt, pdl, prefetch=prefetch)
+        row_dot(w + row.to(I64) * k, x, ld_x, tok0, n_tok, acc, k, tt, pdl)
         if lane == 0:
             st = flat(scores)
             for t in cutlass.range_constexpr(tt):
@@ -148,15 +143,14 @@ def router_kernel(x: cute.Pointer, w: cute.Pointer, bias: cute.Pointer, scores: 
         if s_last[0] == 1:
             cute.arch.fence_acq_rel_gpu()
             for tok in cutlass.range(warp, n_tok, WARPS, unroll=1):
-                _select_token(scores, bias, topk_w, topk_ids, tok, e, top_k, renorm, scaling,
-                              rolled)
+                _select_token(scores, bias, topk_w, topk_ids, tok, e, top_k, renorm, scaling)
             if tid == 0:
                 flat(counter)[0] = I32(0)
     else:
         if cutlass.const_expr(front_rows > 0):
             frow = (rb - router_ctas) * WARPS + warp
             if frow < front_rows:
-                gemv_row(fw, x, fy, frow, tok0, n_tok, ld_x, ld_fy, k, tt, pdl, prefetch)
+                gemv_row(fw, x, fy, frow, tok0, n_tok, ld_x, ld_fy, k, tt, pdl)
 
 
 @cute.jit
@@ -166,11 +160,10 @@ def router_launch(x: cute.Pointer, w: cute.Pointer, bias: cute.Pointer, scores: 
                   stream: cuda.CUstream, k: cutlass.Constexpr, e: cutlass.Constexpr,
                   top_k: cutlass.Constexpr, tt: cutlass.Constexpr, renorm: cutlass.Constexpr,
                   scaling: cutlass.Constexpr, front_rows: cutlass.Constexpr,
-                  rolled: cutlass.Constexpr, prefetch: cutlass.Constexpr,
                   pdl: cutlass.Constexpr = False):
     """Host side: grid (E/8 + ceil(front_rows/8), ceil(T/tt)) on the caller's stream (CUDA-graph
     safe); `pdl`: a programmatic dependent launch (`router_kernel`)."""
     router_kernel(x, w, bias, scores, counter, topk_w, topk_ids, fw, fy, n_tok, ld_x, ld_fy, k,
-                  e, top_k, tt, renorm, scaling, front_rows, rolled, prefetch, pdl).launch(
+                  e, top_k, tt, renorm, scaling, front_rows, pdl).launch(
         grid=(e // WARPS + (front_rows + WARPS - 1) // WARPS, (n_tok + tt - 1) // tt, 1),
         block=(THREADS, 1, 1), stream=stream, use_pdl=pdl)

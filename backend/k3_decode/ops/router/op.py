@@ -54,8 +54,6 @@ class RouterKey:
     scaling: float
     arch: str
     front_rows: int = 0
-    rolled: bool = False
-    prefetch: bool = False
     pdl: bool = False  # a programmatic dependent launch (kernel.router_launch)
 
 
@@ -107,8 +105,8 @@ def compile_router(key: RouterKey, extra_options: str = ""):
             fake_ptr(f32, 4), fake_ptr(i32, 4), fake_ptr(bf), fake_ptr(bf, 4), i32(1),
             cutlass.Int64(1), cutlass.Int64(1), cuda.CUstream(0)]
     return cute.compile(router_launch, *args, key.k, key.experts, key.top_k, key.tt,
-                        key.renormalize, key.scaling, key.front_rows, key.rolled, key.prefetch,
-                        key.pdl, options=f"--gpu-arch {key.arch} {extra_options}".strip())
+                        key.renormalize, key.scaling, key.front_rows, key.pdl,
+                        options=f"--gpu-arch {key.arch} {extra_options}".strip())
 
 
 def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int = 16,
@@ -116,12 +114,9 @@ def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int 
           out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
           counter: torch.Tensor | None = None, front: torch.Tensor | None = None,
           front_out: torch.Tensor | None = None,
-          rolled: bool = False, prefetch: bool = False,
           pdl: bool = False) -> tuple[torch.Tensor, ...]:
     """Run the router kernel; returns `(weights, ids, scores)`, plus `front_out` when `front`
-    is given (see the module docstring). `rolled=True` compiles the top-k rounds as a loop
-    (same result, less code; `router.kernel._select_token`); `prefetch=True` bulk-prefetches
-    each warp's weight row into L2 first (`gemv.kernel.row_dot`). `pdl=True`: a programmatic
+    is given (see the module docstring). `pdl=True`: a programmatic
     dependent launch: its CTAs may start while the previous kernel on the stream runs, issue
     their first weight loads and wait (`griddepcontrol.wait`) before reading x (same result)."""
     t, e, k = check_inputs(x, gate_w, bias, top_k, front, front_out)
@@ -143,7 +138,7 @@ def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int 
     check_device(err, OP, weights, ids, scores, counter)
     rows = 0 if front is None else front.shape[0]
     key = RouterKey(k, e, top_k, pick_token_tile(t), bool(renormalize), float(scaling),
-                    target_arch(), rows, bool(rolled), bool(prefetch), bool(pdl))
+                    target_arch(), rows, bool(pdl))
     fn = compile_router(key)
     import cutlass
 
