@@ -95,6 +95,9 @@ def test_official_parquet_rows_are_read_and_filtered(tmp_path: Path) -> None:
     suite = load_suite("eval_suites/demo/mrcr.yaml")
     data = load_suite_data(suite, DataPaths(mrcr_dir=tmp_path))
     assert data.splits["test"] == rows and data.deviations == ()
+    # the digests recorded are those of the files read (hub layout: one folder per needle count)
+    assert [f.name for f in data.files] == ["2needle/2needle_0.parquet", "2needle/2needle_1.parquet"]
+    assert data.label == "unverified"  # no official MRCR digest is pinned here
     limited = suite.model_copy(
         update={"data": suite.data.model_copy(update={"max_chars": rows[1]["n_chars"]})}
     )

@@ -184,3 +184,24 @@ def test_arms_that_answered_other_prompts_are_not_compared() -> None:
     judged = judge(prompts(), arms, config())  # type: ignore[arg-type]
     assert judged.prompts_check.outcome == "fail" and not judged.gates
     assert "prompt 5" in judged.prompts_check.reason
+
+
+def test_one_confident_a_a_flip_makes_the_flip_gate_inconclusive_never_wider() -> None:
+    """A baseline that does not reproduce itself at a confident position cannot calibrate the
+    gate: it says INCONCLUSIVE and the candidate's own confident flips are still counted against
+    the declared floor (a noisy A/A arm never widens the limit)."""
+    b1, b2 = copy.deepcopy(_baselines())
+    b2[7] = arm_rows("b2", confident_flip={7}, seed=1)[7]
+    got = gates({"b1": b1, "b2": b2, "c": arm_rows("c", confident_flip={11, 12}, seed=2)})
+    assert got["confident_divergence"].result == "FAIL"  # C's flips exceed the floor
+    assert got["confident_divergence"].figures["threshold"] == config().confident_margin_floor
+    clean_c = gates({"b1": b1, "b2": b2, "c": arm_rows("c", seed=2)})["confident_divergence"]
+    assert clean_c.result == "INCONCLUSIVE" and "does not reproduce itself" in clean_c.reason
+
+
+def test_a_nan_logprob_is_refused_before_any_gate() -> None:
+    c = arm_rows("c", seed=2)
+    c[3]["top_logprobs"][10][0] = float("nan")
+    judged = judge(prompts(), world(c), config())  # type: ignore[arg-type]
+    assert judged.prompts_check.outcome == "fail" and "not a finite number" in \
+        judged.prompts_check.reason and not judged.gates

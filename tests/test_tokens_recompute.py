@@ -94,7 +94,7 @@ def test_a_report_with_an_edited_figure_is_refused(failing) -> None:
 def test_a_report_gated_with_looser_settings_than_the_profile_declared_is_refused(
         failing) -> None:
     bundle, report = failing
-    loose = report.config.model_copy(update={"confident_margin_floor": 50.0})  # type: ignore[union-attr]
+    loose = report.config.model_copy(update={"confident_margin_floor": 3.5})  # type: ignore[union-attr]
     problems, _ = _recheck(bundle, report.model_copy(update={"config": loose}))
     assert any("profile.json" in p for p in problems)
 
@@ -146,3 +146,36 @@ def test_the_pr_comment_shows_both_comparisons_the_limits_and_each_gate(failing)
     for text in ("A/A (B2 vs B1)", "candidate (C vs B1)", "limit for C", "KL p99",
                  "confident_divergence: **FAIL**", "identity_rate: **PASS**"):
         assert text in body, text
+
+
+def test_a_report_citing_b1s_rows_as_the_candidates_is_refused(failing) -> None:
+    """Pointing C's raw file at B1's rows (the report edited, the rows untouched) would compare
+    B1 with itself: each arm's rows come from that arm's own file."""
+    bundle, report = failing
+    arms = tuple(a.model_copy(update={"raw_file": arm_file("b1")}) if a.arm == "c" else a
+                 for a in report.arms)
+    problems, status = _recheck(bundle, report.model_copy(update={"arms": arms}))
+    assert problems == ["tokens: arm c cites tokens/b1.jsonl, not tokens/c.jsonl"]
+    assert status == "FAIL"
+
+
+def test_rows_copied_into_another_arms_file_are_refused(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    report = make_bundle(bundle, arm_rows("c", confident_flip={11}, seed=2))
+    (bundle / arm_file("c")).write_text((bundle / arm_file("b1")).read_text())
+    problems, status = _recheck(bundle, report)
+    assert any("{'same_prompts': 'fail'}" in p for p in problems)
+    assert status == "FAIL"
+    assert "the rows of arm c say they are arm b1" in restatus(report, bundle)[1]
+
+
+def test_a_report_without_settings_cannot_pass(failing) -> None:
+    """Dropping the settings must not switch recomputation off and leave the report's own
+    checks in charge."""
+    bundle, report = failing
+    forged = report.model_copy(update={
+        "config": None, "status": "PASS", "reason": "fine",
+        "checks": tuple(c.model_copy(update={"outcome": "pass"}) for c in report.checks)})
+    problems, status = _recheck(bundle, forged)
+    assert any("no settings to recompute" in p for p in problems)
+    assert status == "FAIL"

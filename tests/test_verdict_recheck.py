@@ -374,3 +374,19 @@ def test_sides_that_differ_beyond_the_switch_fail_even_an_inconclusive_tier(demo
                    for c in report.checks)
     edited = report.model_copy(update={"switch": switch, "checks": checks})
     assert restatus(edited, demo) == ("FAIL", "not evidence: --enforce-eager differs")
+
+
+def test_a_run_named_after_a_shipped_profile_gates_with_its_limits(tmp_path) -> None:
+    """profile.json of a run named cpu-demo must carry the shipped gate sections: loosening the
+    token gate's floors (or any other gate section) needs a profile of another name."""
+    from k3fasttrack.bundle.recheck import _check_embedded_gates
+    from k3fasttrack.profiles import load_profile
+
+    shipped = load_profile("cpu-demo").model_dump(mode="json")
+    (tmp_path / "profile.json").write_text(json.dumps(shipped))
+    _check_embedded_gates(tmp_path, "cpu-demo")
+    loose = {**shipped, "tokens": {**shipped["tokens"], "kl_floor_max": 1.0}}
+    (tmp_path / "profile.json").write_text(json.dumps(loose))
+    with pytest.raises(ReportInvalidError, match="tokens section"):
+        _check_embedded_gates(tmp_path, "cpu-demo")
+    _check_embedded_gates(tmp_path, "my-looser-profile")  # another name may declare its own

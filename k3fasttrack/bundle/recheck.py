@@ -110,7 +110,28 @@ def check_plan(root: Path, listed: set[str], run: RunRecord, reports: list[TierR
             raise ReportInvalidError(f"plan.json plans {', '.join(plan.tiers)}, but profile.json "
                                      f"asks for {', '.join(sorted(profiled))}")
     _check_embedded_tiers(run.profile, set(plan.tiers))
+    if PROFILE in listed:
+        _check_embedded_gates(root, run.profile)
     check_depth(root, listed, plan, reports)
+
+
+GATE_SECTIONS = ("tokens", "evals", "features", "proof")
+"""Profile sections that set what a gate accepts: a run named after a shipped profile gates with
+exactly the shipped profile's, so looser limits need a profile of another name."""
+
+
+def _check_embedded_gates(root: Path, name: str) -> None:
+    from k3fasttrack.profiles import embedded_names, load_profile
+
+    if name not in embedded_names():
+        return
+    shipped = load_profile(name).model_dump(mode="json")
+    recorded = json.loads((root / PROFILE).read_bytes())
+    changed = [k for k in GATE_SECTIONS if recorded.get(k) != shipped.get(k)]
+    if changed:
+        raise ReportInvalidError(
+            f"the run is named after the shipped profile {name!r}, but profile.json's "
+            f"{', '.join(changed)} section(s) differ from the shipped profile's")
 
 
 def check_depth(root: Path, listed: set[str], plan: Plan, reports: list[TierReport]) -> None:

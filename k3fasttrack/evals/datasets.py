@@ -146,7 +146,8 @@ def _load_mrcr(suite: Suite, spec: MrcrData, paths: DataPaths) -> SuiteData:
                 f"suite {suite.name}: needs the MRCR parquet folder (give --mrcr-dir)"
             )
         rows = mrcr.read_parquet(paths.mrcr_dir, n_needles=spec.n_needles, max_chars=spec.max_chars)
-        files = tuple(file_record(p, p.name) for p in sorted(paths.mrcr_dir.glob("*.parquet")))
+        read = sorted(mrcr.parquet_files(paths.mrcr_dir, spec.n_needles))
+        files = tuple(file_record(p, p.relative_to(paths.mrcr_dir).as_posix()) for p in read)
         return SuiteData.of({"test": rows}, f"parquet under {paths.mrcr_dir}", files)
     n = suite.limit or suite.full_size
     rows = mrcr.generate(

@@ -205,13 +205,19 @@ def generate(
     ]
 
 
+def parquet_files(folder: Path, n_needles: int) -> list[Path]:
+    """The official ``{n}needle*.parquet`` files under ``folder``, sorted (the files
+    ``read_parquet`` reads, and whose digests the report records)."""
+    return sorted(folder.rglob(f"{n_needles}needle*.parquet"))
+
+
 def read_parquet(folder: Path, *, n_needles: int, max_chars: int | None) -> list[dict[str, Any]]:
     """Rows of the official ``{n}needle/*.parquet`` files under ``folder`` (sorted by file name)."""
     import pyarrow.parquet as pq
 
     if not folder.is_dir():
         raise UsageError(f"MRCR folder not found: {folder} (give --mrcr-dir or K3FT_MRCR_DIR)")
-    files = sorted(folder.rglob(f"{n_needles}needle*.parquet"))
+    files = parquet_files(folder, n_needles)
     if not files:
         raise UsageError(f"MRCR folder {folder}: no {n_needles}needle*.parquet files")
     rows: list[dict[str, Any]] = []

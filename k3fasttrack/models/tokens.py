@@ -50,23 +50,23 @@ class TokensConfig(Record):
     """``restart``: B2 runs on a fresh baseline process (same command line, same cores);
     ``same_server``: on B1's server with a per-arm ``cache_salt`` (no prefix-cache reuse). A pair
     attached to running servers always uses ``same_server``."""
-    confident_margin_floor: float = Field(default=1.0, gt=0)
-    """nats: a divergence where B1 preferred its own token by more than
-    max(floor, confident_margin_factor x A/A's largest divergence margin) is a confident flip."""
-    confident_margin_factor: float = Field(default=2.0, ge=1)
-    kl_factor: float = Field(default=4.0, ge=1)
-    """C's KL p50/p99/max may be at most max(kl_floor, kl_factor x A/A's) each."""
-    kl_floor_p50: float = Field(default=1e-3, gt=0)
+    confident_margin_floor: float = Field(default=1.0, gt=0, le=4.0)
+    """nats: a divergence where B1 preferred its own token by more than this is a confident
+    flip (C: FAIL; the A/A arm: the gate is INCONCLUSIVE)."""
+    kl_factor: float = Field(default=4.0, ge=1, le=16)
+    """C's KL p50/p99/max may be at most max(kl_floor, kl_factor x A/A's) each, the A/A part
+    capped at 10 x the floor."""
+    kl_floor_p50: float = Field(default=1e-3, gt=0, le=1e-2)
     """nats: the limit on C's median KL when A/A's is (near) zero, as it may be on CPU. For
     scale: moving one bf16 logit by one rounding step (2^-3 at |logit| 16-32) at a 50/50
     position gives a KL of about 2e-3."""
-    kl_floor_p99: float = Field(default=1e-2, gt=0)
-    kl_floor_max: float = Field(default=0.1, gt=0)
+    kl_floor_p99: float = Field(default=1e-2, gt=0, le=0.1)
+    kl_floor_max: float = Field(default=0.1, gt=0, le=1.0)
     """The largest single position varies most: on vLLM CPU, A/A maxima of 0.011-0.034 and an
     n-gram candidate's 0.024-0.07 were measured (see tiers/tokens/NOTES.md)."""
     alpha: float = Field(default=0.05, gt=0, le=0.5)
     """One-sided level of the exact McNemar test on per-prompt agreement (A/A vs C)."""
-    near_tie_margin: float = Field(default=0.0625, ge=0)
+    near_tie_margin: float = Field(default=0.0625, ge=0, le=0.25)
     """nats: in the identity gate a prompt agrees with B1 when it is identical or its first
     divergence is at a B1 margin of at most this: a tie in bf16 logits (two rounding steps at
     |logit| 4-8 are 0.0625) is not a disagreement."""

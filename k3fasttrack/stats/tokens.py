@@ -40,6 +40,8 @@ def coarse_kl(ref: TopK, arm: TopK) -> float:
     rest_p = max(1.0 - float(np.exp(lp).sum()), REST_FLOOR)
     rest_q = max(1.0 - float(np.exp(lq).sum()), REST_FLOOR)
     kl += rest_p * (math.log(rest_p) - math.log(rest_q))
+    if not math.isfinite(kl):  # a NaN or infinite logprob is never "no difference"
+        return math.inf
     return max(kl, 0.0)
 
 

@@ -2,9 +2,11 @@
 
 The A/A comparison (B2 against B1) sets the limits; the candidate (C against B1) must meet:
 
-- ``confident_divergence``: no first divergence where B1's margin exceeds
-  max(floor, factor x A/A's largest divergence margin);
-- ``kl``: C's per-position KL p50, p99 and max each at most max(floor, factor x A/A's);
+- ``confident_divergence``: no first divergence where B1's margin exceeds the declared floor
+  (INCONCLUSIVE when the A/A arm itself flips at a confident position: the baseline does not
+  reproduce itself, and one noisy A/A flip must not widen the candidate's limit);
+- ``kl``: C's per-position KL p50, p99 and max each at most max(floor, factor x A/A's), the
+  A/A-scaled part capped at ``KL_CAP`` x the floor;
 - ``identity_rate``: C agrees with B1 on no fewer prompts than B2 does, by a one-sided exact
   McNemar test on the per-prompt pairs at level alpha; a prompt agrees when it is identical or
   its first divergence is a near-tie (B1's margin at most the declared near-tie margin), since an
@@ -18,6 +20,7 @@ both call ``judge`` on the rows read back from the bundle.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +60,19 @@ def same_prompts(prompts: Sequence[Sequence[int]], arms: dict[ArmName, list[Row]
     problems = []
     for arm, rows in arms.items():
         got = {int(r["prompt"]): r for r in rows}
+        others = sorted({str(r.get("arm")) for r in rows} - {arm})
+        if others:
+            problems.append(f"the rows of arm {arm} say they are arm {others[0]}")
+            continue
+        if len(got) != len(rows):
+            problems.append(f"{arm} answered a prompt twice")
+            continue
+        bad_lp = [int(r["prompt"]) for r in rows
+                  if not all(math.isfinite(x) for lps in r["top_logprobs"] for x in lps)]
+        if bad_lp:
+            problems.append(f"{arm} returned a logprob that is not a finite number "
+                            f"(prompt {bad_lp[0]})")
+            continue
         if sorted(got) != list(range(len(prompts))):
             problems.append(f"{arm} answered {len(got)} of {len(prompts)} prompts")
             continue
@@ -112,12 +128,20 @@ def thresholds(aa: Compared, cfg: TokensConfig) -> Thresholds:
     """The limits for C: declared floors, raised by the declared factors times A/A's figures."""
     p50, p99, top = kl_percentiles(aa.kl)
     return Thresholds(
-        confident_margin=max(cfg.confident_margin_floor,
-                             cfg.confident_margin_factor * (aa.max_margin or 0.0)),
+        confident_margin=cfg.confident_margin_floor,
         near_tie=cfg.near_tie_margin,
-        kl_p50=max(cfg.kl_floor_p50, cfg.kl_factor * p50),
-        kl_p99=max(cfg.kl_floor_p99, cfg.kl_factor * p99),
-        kl_max=max(cfg.kl_floor_max, cfg.kl_factor * top))
+        kl_p50=_kl_limit(cfg.kl_floor_p50, cfg.kl_factor * p50),
+        kl_p99=_kl_limit(cfg.kl_floor_p99, cfg.kl_factor * p99),
+        kl_max=_kl_limit(cfg.kl_floor_max, cfg.kl_factor * top))
+
+
+KL_CAP = 10.0
+"""A/A noise can raise a KL limit to at most this many times its declared floor: a noisy
+baseline never widens the candidate's limit without bound."""
+
+
+def _kl_limit(floor: float, scaled: float) -> float:
+    return max(floor, min(scaled, KL_CAP * floor))
 
 
 def _confident(a: Agreement, limit: float) -> bool:
@@ -155,16 +179,23 @@ def gate_confident(aa: Compared, c: Compared, th: Thresholds, cfg: TokensConfig)
     """No C divergence at a position where B1 was confident."""
     limit = th.confident_margin
     flips = [(i, a) for i, a in enumerate(c.agreements) if _confident(a, limit)]
+    aa_flips = [i for i, a in enumerate(aa.agreements)
+                if _confident(a, limit) or (a.margin is not None and a.margin_is_bound)]
     figures = {"threshold": limit, "aa_max_margin": aa.max_margin or 0.0,
-               "c_max_margin": c.max_margin or 0.0, "confident_divergences": float(len(flips))}
-    source = (f"max(floor {cfg.confident_margin_floor}, {cfg.confident_margin_factor} x A/A max "
-              f"{aa.max_margin or 0.0:.4g})")
+               "c_max_margin": c.max_margin or 0.0, "confident_divergences": float(len(flips)),
+               "aa_confident_divergences": float(len(aa_flips))}
+    source = f"the declared floor {cfg.confident_margin_floor}"
     if flips:
         i, a = flips[0]
         return TokenGate(name="confident_divergence", result="FAIL", figures=figures, reason=(
             f"{len(flips)} divergence(s) where B1's margin exceeds {limit:.4g} nats ({source}); "
             f"first: prompt {i} at position {a.first_divergence}, margin {a.margin:.4g}"
             + (" or more" if a.margin_is_bound else "")))
+    if aa_flips:
+        return TokenGate(name="confident_divergence", result="INCONCLUSIVE", figures=figures,
+                         reason=(f"the baseline does not reproduce itself: the A/A arm flipped at "
+                                 f"a confident position on {len(aa_flips)} prompt(s) (first: "
+                                 f"prompt {aa_flips[0]}), so no candidate flip can be told apart"))
     few = _few_positions(aa, c, cfg)
     if few:
         return TokenGate(name="confident_divergence", result="INCONCLUSIVE", figures=figures,
@@ -181,7 +212,7 @@ def gate_kl(aa: Compared, c: Compared, th: Thresholds, cfg: TokensConfig) -> Tok
     limit = {"p50": th.kl_p50, "p99": th.kl_p99, "max": th.kl_max}
     figures = {f"{side}_{q}": v for side, d in (("c", got), ("aa", ref), ("limit", limit))
                for q, v in d.items()}
-    over = [q for q in ("p50", "p99", "max") if got[q] > limit[q]]
+    over = [q for q in ("p50", "p99", "max") if not got[q] <= limit[q]]  # NaN is over
     shown = ", ".join(f"{q} {got[q]:.3g} (A/A {ref[q]:.3g}, limit {limit[q]:.3g})"
                       for q in ("p50", "p99", "max"))
     if over:

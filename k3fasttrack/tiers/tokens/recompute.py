@@ -14,6 +14,7 @@ from k3fasttrack.models.tokens import TokensReport
 from k3fasttrack.tiers.restatus import status_from_checks
 from k3fasttrack.tiers.tokens.judge import Judged, gate_checks, judge
 from k3fasttrack.tiers.tokens.prompts import PROMPTS_FILE, read_prompts
+from k3fasttrack.tiers.tokens.arms import arm_file
 from k3fasttrack.tiers.tokens.tier import SWITCH_CHECK, read_arms, tokens_status
 
 
@@ -28,8 +29,20 @@ def _differs(a: Any, b: Any) -> bool:
 
 
 def _missing(report: TokensReport, bundle_dir: Path) -> list[str]:
+    arms = [a.arm for a in report.arms]
+    if len(arms) != len(set(arms)):
+        return [f"the report lists an arm twice ({', '.join(arms)})"]
+    moved = [a for a in report.arms if a.raw_file != arm_file(a.arm)]
+    if moved:  # an arm's rows come from their own file, never from another arm's
+        return [f"arm {moved[0].arm} cites {moved[0].raw_file}, not {arm_file(moved[0].arm)}"]
     wanted = ([PROMPTS_FILE] if report.prompt_set else []) + [a.raw_file for a in report.arms]
     return [f"raw file {rel} is missing" for rel in wanted if not (bundle_dir / rel).is_file()]
+
+
+def _judged_without_settings(report: TokensReport) -> bool:
+    """A report that gates (or passes) must carry the settings to recompute the gates from."""
+    return report.config is None and bool(report.gates or report.comparisons
+                                          or report.thresholds or report.status == "PASS")
 
 
 def _declared(report: TokensReport, bundle_dir: Path) -> list[str]:
@@ -84,6 +97,8 @@ def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
     """One message per figure, threshold or gate the raw rows do not reproduce."""
     if not isinstance(report, TokensReport):
         return [f"expected a tokens report, got {report.tier}"]
+    if _judged_without_settings(report):
+        return ["the report records gates or a PASS but no settings to recompute them from"]
     if report.config is None:
         return []
     missing = _missing(report, bundle_dir)
@@ -102,6 +117,8 @@ def restatus(report: TierReport, bundle_dir: Path) -> tuple[TierStatus, str]:
     """The status the gates re-judged from the raw rows, the other checks and the switch give."""
     if not isinstance(report, TokensReport):
         return "FAIL", f"expected a tokens report, got {report.tier}"
+    if _judged_without_settings(report):
+        return "FAIL", "the report records gates or a PASS but no settings to recompute them from"
     if report.config is None:
         return status_from_checks(report)
     missing = _missing(report, bundle_dir)
