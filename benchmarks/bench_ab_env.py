@@ -1,13 +1,13 @@
-"""A/B of executor knobs (environment variables of `backend.k3_decode.envs`) on the H200:
-per-layer and whole-step CUDA-graph time over interleaved rounds, every side alive throughout.
+"""A/B of the executor's kernel choices (``DecodeSettings`` fields, given as their
+``K3_DECODE_<FIELD>`` variables, ``backend/k3_decode/settings.py``) on the H200: per-layer and
+whole-step CUDA-graph time over interleaved rounds, every side alive throughout.
 
-    python3 benchmarks/bench_ab_env.py K3_DECODE_ROUTER_ROLLED 0 1 --batches 1,2 --rounds 6 \
-        --json $OUT/ab_router_rolled.json
-    python3 benchmarks/bench_ab_env.py K3_DECODE_ROUTER_ROLLED,K3_DECODE_GEMV_PREFETCH 0,0 1,1
-    python3 benchmarks/bench_ab_env.py --each K3_DECODE_ROUTER_ROLLED=1 K3_DECODE_NEXT_PREFETCH_MB=12 \
-        --all --batches 1
+    python3 benchmarks/bench_ab_env.py K3_DECODE_MLA_TILE32 1 0 --batches 1,2 --rounds 6 \
+        --json $OUT/ab_tile32.json
+    python3 benchmarks/bench_ab_env.py K3_DECODE_PDL,K3_DECODE_MLA_PDL 1,1 0,0
+    python3 benchmarks/bench_ab_env.py --each K3_DECODE_SIDE_STREAM=1 --batches 1
     python3 benchmarks/bench_ab_env.py --sides ref: \
-        side:K3_DECODE_ROUTER_FRONT=0,K3_DECODE_SIDE_STREAM=1 w13sh:K3_DECODE_SHARED_W13=2
+        side:K3_DECODE_ROUTER_FRONT=0,K3_DECODE_SIDE_STREAM=1
 
 Two sides (`VAR A B`; several knobs: comma-separated names and as many values per side), or
 `--each NAME=VALUE ...`: a reference side with every named knob at "0" (only knobs that are
@@ -18,18 +18,17 @@ unset while this side is built, i.e. at its default; the first side is the refer
 `ref:` for the default executor). All in one process, so the model's weights
 are made and the kernels compiled once.
 
-Each side gets its own `KernelOps` (knobs are read when an executor's ops are made, some again
-per call, so the variables stay set while that side compiles, runs eagerly and is captured) and
-its own copy of the same seeded caches. Measured per side: the logits of one eager step
-(compared with the reference side: bit-equal or the largest difference), each layer's eager
-kernels (torch profiler; the layer runs right after the previous ones, so caches are as cold as
-in a step), CUDA-graph replays of each layer and of the whole step, and each layer's span inside
-profiled replays of the whole-step graph (`profile_layers.layer_spans`: the metric the bundle's
-per-layer roofline uses; a single-layer graph has no predecessor for its first dependent launch
-to overlap, so its time misjudges dependent launches). The replays rotate the
-sides' order round by round and report medians over rounds, so drift (clocks, heat) falls on
-all. Every side's executor, graphs and compiled kernels are kept until the end: a captured
-graph must never outlive the modules it launches.
+Each side gets its own `KernelOps` (its `DecodeSettings.from_env()` read while the side's
+variables are set) and its own copy of the same seeded caches. Measured per side: the logits of
+one eager step (compared with the reference side: bit-equal or the largest difference), each
+layer's eager kernels (torch profiler; the layer runs right after the previous ones, so caches
+are as cold as in a step), CUDA-graph replays of each layer and of the whole step, and each
+layer's span inside profiled replays of the whole-step graph (`profile_layers.layer_spans`:
+the metric the bundle's per-layer roofline uses; a single-layer graph has no predecessor for
+its first dependent launch to overlap, so its time misjudges dependent launches). The replays
+rotate the sides' order round by round and report medians over rounds, so drift (clocks,
+heat) falls on all. Every side's executor, graphs and compiled kernels are kept until the end: a
+captured graph must never outlive the modules it launches.
 """
 
 from __future__ import annotations
@@ -46,17 +45,18 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.k3_decode import envs
 from backend.k3_decode.config import k3_config
 from backend.k3_decode.executor import measure as M
 from backend.k3_decode.executor.kernel_ops import KernelOps
 from backend.k3_decode.executor.runner import Executor
 from backend.k3_decode.executor.state import blocks_needed, make_caches, synthetic_step
 from backend.k3_decode.executor.weights import random_model
+from backend.k3_decode.settings import DecodeSettings
 from benchmarks.profile_layers import _events, layer_spans
 
 LAYER_NAMES = {0: "dense0", 1: "KDA + MoE", 3: "MLA + MoE"}
 DEVICE = "cuda"
+KNOBS = sorted(DecodeSettings.env_name(f) for f in DecodeSettings().as_dict())
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,8 @@ def env_set(values: dict[str, str | None]) -> Iterator[None]:
 def build_side(side: Side, cfg, w, base_caches, inp, ctx: int, layers: list[int]) -> dict:
     """One side: executor, eager logits, eager kernel times per layer, layer and step graphs."""
     with env_set(side.env):
-        ex = Executor(KernelOps(cfg, max_context=ctx), w, base_caches.clone(),
+        settings = DecodeSettings.from_env()
+        ex = Executor(KernelOps(cfg, settings, max_context=ctx), w, base_caches.clone(),
                       max_tokens=inp.num_tokens, device=DEVICE)
         logits = ex.step(inp).float().clone()
         kernels = {pos: M.layer_kernel_times(ex, pos, inp) for pos in layers}
@@ -217,23 +218,20 @@ def print_table(out: dict) -> None:
 
 
 def zero_is_default(name: str) -> bool:
-    """Whether knob ``name`` reads the same set to "0" as unset (its default): the --each
-    reference (every knob at "0") is then the default executor."""
-    with env_set({name: "0"}):
-        try:
-            at_zero = envs.ENVIRONMENT[name]()
-        except ValueError:
-            return False
-    with env_set({name: None}):
-        return at_zero == envs.ENVIRONMENT[name]()
+    """Whether knob ``name`` set to "0" gives the default settings: the --each reference (every
+    knob at "0") is then the default executor."""
+    try:
+        return DecodeSettings.from_env({name: "0"}) == DecodeSettings()
+    except ValueError:
+        return False
 
 
 def _sides_from_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[Side]:
-    known = ", ".join(sorted(envs.ENVIRONMENT))
+    known = ", ".join(KNOBS)
 
     def check_name(name: str) -> None:
-        if name not in envs.ENVIRONMENT:
-            ap.error(f"{name} is not a knob of backend.k3_decode.envs (known: {known})")
+        if name not in KNOBS:
+            ap.error(f"{name} is not a knob of backend.k3_decode.settings (known: {known})")
 
     if args.sides_spec:
         if args.pair or args.each or args.all:
@@ -304,7 +302,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("pair", nargs="*", metavar="VAR A B",
                     help="knob(s), comma-separated, then the value(s) of side A (the "
-                    f"reference) and of side B; knobs: {', '.join(sorted(envs.ENVIRONMENT))}")
+                    f"reference) and of side B; knobs: {', '.join(KNOBS)}")
     ap.add_argument("--each", nargs="+", metavar="NAME=VALUE", default=None,
                     help="one side per knob at VALUE against a reference with all at 0")
     ap.add_argument("--all", action="store_true", help="with --each: one side with all knobs")

@@ -29,6 +29,7 @@ from backend.k3_decode.executor.state import blocks_needed, make_caches, synthet
 from backend.k3_decode.executor.torch_ops import TorchOps
 from backend.k3_decode.executor.weights import random_model
 from backend.k3_decode.ops.gemv.timing import copy_ceiling_tbs
+from backend.k3_decode.settings import DecodeSettings
 
 LAYER_NAMES = {0: "dense0 (KDA + dense MLP)", 1: "KDA + MoE", 3: "MLA + MoE"}
 
@@ -39,8 +40,8 @@ def _pair(cfg, w, reqs: int, ctx: int, seed: int, side: bool = False, pdl: bool 
     layers = [(layer.index, layer.kind) for layer in w.layers]
     caches = make_caches(cfg, layers, slots=1 + reqs, num_blocks=blocks_needed(reqs, ctx),
                          seed=seed, device="cuda")
-    spec = Executor(KernelOps(cfg, max_context=ctx, side_stream=side, pdl=pdl), w,
-                    caches.clone(), max_tokens=reqs)
+    spec = Executor(KernelOps(cfg, DecodeSettings(side_stream=side, pdl=pdl), max_context=ctx),
+                    w, caches.clone(), max_tokens=reqs)
     stock = Executor(TorchOps(cfg), w, caches, max_tokens=reqs)
     return spec, stock, inp
 

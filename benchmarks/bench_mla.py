@@ -7,9 +7,9 @@ baseline in the same run: absorbed ``bmm`` + dequantized cache + ``bmm``/softmax
 ``W_UV`` bmm + gate (torch/cuBLAS). Inputs are random (never zeros); our output is checked
 against the baseline before timing.
 
-Run: ``python benchmarks/bench_mla.py [--quick] [--jsonl FILE] [--tilings mma,2x4]``; split-KV
-count at short contexts: ``--tilings mma --contexts 1024,4096,32768 --splits auto,4,8,16,32,64``
-(``mma`` = tensor-core attention core; ``RxU`` = SIMT core with R rows per CTA, U tokens per warp).
+Run: ``python benchmarks/bench_mla.py [--quick] [--jsonl FILE] [--tilings 8x64,4x32]``; split-KV
+count at short contexts: ``--contexts 1024,4096,32768 --splits auto,4,8,16,32,64``
+(``TxF``: T tokens per absorb / combine CTA, F-token fp8 cache tiles; ``Tiling``).
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def run_shape(heads: int, n_req: int, q: int, ctx: int, cache: str, tilings: lis
             ours(sets[0], q, ctx, til, ns)
             err = rel_err(sets[0]["out"], sets[0]["out_base"])
             us = time_graph(lambda s, til=til, ns=ns: ours(s, q, ctx, til, ns), sets)
-            name = "k3_mla mma" if til.variant == "mma" else f"k3_mla r{til.rows}u{til.unroll}"
+            name = f"k3_mla {til.tokens_per_cta}x{til.fp8_tile}"
             if ns is not None:
                 name += f" s{ns}"
             rows.append({"kernel": name, "us": us, "rel_err_vs_base": err, "n_splits": ns})
@@ -199,7 +199,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--jsonl", default=None, help="append one JSON line per measurement")
-    ap.add_argument("--tilings", default="mma,2x4", help="attention cores: mma and/or RxU (SIMT)")
+    ap.add_argument("--tilings", default="8x64",
+                    help="TxF: T tokens per absorb / combine CTA, F-token fp8 tiles (32 or 64)")
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--splits", default="auto",
                     help="split-KV counts to time, e.g. auto,4,16,64 (auto: the op's own plan)")
@@ -208,9 +209,11 @@ def main() -> int:
     ap.add_argument("--requests", default="1,8", help="... and these batch sizes")
     args = ap.parse_args()
     splits = tuple(None if v == "auto" else int(v) for v in args.splits.split(","))
-    tilings = [Tiling(variant="mma") if t == "mma" else
-               Tiling(int(t.split("x")[0]), int(t.split("x")[1]), variant="simt")
-               for t in args.tilings.split(",")]
+    try:
+        tilings = [Tiling(int(t.split("x")[0]), int(t.split("x")[1]))
+                   for t in args.tilings.split(",")]
+    except (ValueError, IndexError) as exc:
+        ap.error(f"--tilings takes TxF,... (e.g. 8x64,4x32): {exc}")
     print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | cmd: "
           f"python {' '.join(sys.argv)}", file=sys.stderr)
     rows: list[dict] = []

@@ -199,3 +199,30 @@ def test_kernel_names_fail_when_the_baseline_ran_the_specialized_kernels(tmp_pat
     assert failed.outcome == "fail"
     assert failed.reason == "kernel_names: baseline trace has kernels matching 'MoeTail'"
     assert failed.baseline == {"^Kda": 0.0, "MoeTail": 1.0}
+
+
+def test_dropping_a_tier_that_ran_stock_is_refused(tmp_path: Path,
+                                                   reports: dict[str, object]) -> None:
+    """features ran stock: removing it from proof/evidence.jsonl and from the proof report
+    would leave only evals, which shows the path. The claiming tiers that ran (profile.json and
+    their reports) say features belongs, with the windows its own report stored."""
+    from k3fasttrack.tiers.proof.tier import restatus
+
+    report = _run_proof(tmp_path, reports)
+    (tmp_path / "reports").mkdir()
+    for name, rep in reports.items():
+        (tmp_path / "reports" / f"{name}.json").write_text(rep.model_dump_json())  # type: ignore[attr-defined]
+    (tmp_path / "profile.json").write_text(json.dumps({"proof": {}}))
+    assert recompute(report, tmp_path) == [] and restatus(report, tmp_path)[0] == "FAIL"
+    path = tmp_path / EVIDENCE_FILE
+    lines = path.read_text().splitlines()
+    kept = [ln for ln in lines if '"features"' not in ln]
+    path.write_text("\n".join(kept) + "\n")
+    forged = report.model_copy(update={"tiers": tuple(t for t in report.tiers
+                                                      if t.tier != "features"),
+                                       "checks": tuple(c for c in report.checks
+                                                       if c.outcome != "fail"),
+                                       "stock_tiers": (), "status": "PASS", "reason": "ok"})
+    status, why = restatus(forged, tmp_path)
+    assert status == "FAIL" and "claiming tiers that ran are evals, features" in why
+    assert any("claiming tiers that ran" in p for p in recompute(forged, tmp_path))

@@ -180,6 +180,38 @@ def _with_startup(status: TierStatus, reason: str, startup: Check) -> tuple[Tier
     return status, f"{reason} ({startup.reason})"
 
 
+def _claimed_mismatch(bundle_dir: Path, evidence: dict[str, list[PathEvidence]]) -> str:
+    """``proof/evidence.jsonl`` holds exactly the windows of every claiming tier (the profile's
+    ``proof.claiming_tiers``) whose report ran, as that report stored them: dropping a tier
+    that ran stock, or editing its windows, is a mismatch ("" when it matches)."""
+    profile = bundle_dir / "profile.json"
+    if not profile.is_file():
+        return ""
+    section = json.loads(profile.read_text()).get("proof") or {}
+    claiming = ProofConfig.model_validate(section).claiming_tiers
+    expected: dict[str, list[dict[str, Any]]] = {}
+    for tier in claiming:
+        path = bundle_dir / "reports" / f"{tier}.json"
+        if not path.is_file():
+            continue
+        data = json.loads(path.read_text())
+        if data.get("status") == "NOT_RUN":
+            continue
+        try:
+            windows = parse_evidence(data.get("path_evidence") or ())
+        except ValidationError:
+            windows = []
+        expected[tier] = [w.model_dump(mode="json") for w in windows]
+    got = {t: [w.model_dump(mode="json") for w in ws] for t, ws in evidence.items()}
+    if set(got) != set(expected):
+        return (f"{EVIDENCE_FILE} holds tiers {', '.join(sorted(got)) or 'none'}, the claiming "
+                f"tiers that ran are {', '.join(sorted(expected)) or 'none'}")
+    edited = [t for t in expected if got[t] != expected[t]]
+    if edited:
+        return f"{EVIDENCE_FILE}: the windows of {edited[0]} differ from its report's evidence"
+    return ""
+
+
 def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
     """Re-derive each tier's proof and the verdict from ``proof/evidence.jsonl``."""
     if not isinstance(report, ProofReport):
@@ -191,7 +223,7 @@ def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
         return [f"raw evidence {EVIDENCE_FILE} is missing"]
     cfg = ProofConfig(signals=report.signals, kernel_patterns=_patterns(bundle_dir))
     evidence = read_evidence(bundle_dir)
-    problems: list[str] = []
+    problems: list[str] = [m for m in [_claimed_mismatch(bundle_dir, evidence)] if m]
     proofs = [judge_tier(t, w, cfg, bundle_dir) for t, w in evidence.items()]
     recorded = {p.tier: p for p in report.tiers}
     for proof in proofs:
@@ -224,7 +256,11 @@ def restatus(report: TierReport, bundle_dir: Path) -> tuple[TierStatus, str]:
     if not (bundle_dir / EVIDENCE_FILE).is_file():
         return "FAIL", f"raw evidence {EVIDENCE_FILE} is missing"
     cfg = ProofConfig(signals=report.signals, kernel_patterns=_patterns(bundle_dir))
-    proofs = [judge_tier(t, w, cfg, bundle_dir) for t, w in read_evidence(bundle_dir).items()]
+    evidence = read_evidence(bundle_dir)
+    mismatch = _claimed_mismatch(bundle_dir, evidence)
+    if mismatch:
+        return "FAIL", mismatch
+    proofs = [judge_tier(t, w, cfg, bundle_dir) for t, w in evidence.items()]
     status, reason, _ = verdict(proofs)
     startup = startup_check(bundle_dir, cfg.signals) if proofs else None
     if startup is not None:
