@@ -118,3 +118,20 @@ def test_recheck_accepts_the_run_and_rejects_tampered_proof(run, tmp_path) -> No
     evidence.write_text("\n".join(lines) + "\n")
     with pytest.raises(BundleVerificationError):
         recheck_folder(bad)
+
+
+def test_candidate_tokens_agree_with_the_baseline_up_to_near_ties(run) -> None:
+    """Greedy tokens of our executor inside vLLM against stock vLLM, from the tokens tier's
+    record: no confident flip, and at least 95% of the compared positions agree once a first
+    divergence at a bf16 near-tie (the gate's declared margin) counts as agreement."""
+    bundle, _, _ = run
+    tok = json.loads((bundle / "reports/tokens.json").read_text())
+    c = next(x for x in tok["comparisons"] if x["arm"] == "c")
+    near = tok["thresholds"]["near_tie"]
+    assert c["confident_divergences"] == 0
+    beyond = [r for r in c["requests"] if r["first_divergence"] is not None
+              and not (r["margin"] is not None and not r["margin_is_bound"]
+                       and r["margin"] <= near)]
+    assert c["positions"] > 0 and (c["positions"] - len(beyond)) / c["positions"] >= 0.95
+    gates = {g["name"]: g["result"] for g in tok["gates"]}
+    assert gates["identity_rate"] == "PASS", tok["gates"]
