@@ -27,6 +27,7 @@ from k3fasttrack.models.plan import Plan
 from k3fasttrack.models.reports import TIER_REPORT_ADAPTER, RunRecord
 from k3fasttrack.models.verdict import Verdict
 from k3fasttrack.pipeline.verdict import compute_verdict
+from k3fasttrack.profiles import load_profile
 from k3fasttrack.serving.runner import BLIND_PREFIX
 from k3fasttrack.tiers.kernels import SPEC as KERNELS, read_cases, summarise
 from k3fasttrack.tiers.registry import restatus
@@ -298,9 +299,11 @@ def _report(bundle: Path, tier: str):
 
 def test_every_tier_of_a_committed_bundle_restates_its_own_status(demo) -> None:
     statuses = {r.tier: (r.status, restatus(r, demo)[0]) for r in _reports(demo)}
-    assert statuses == {"isolation": ("NOT_RUN", "NOT_RUN"), "evals": ("INCOMPLETE", "INCOMPLETE"),
-                        "features": ("PASS", "PASS"), "perf": ("FAIL", "FAIL"),
-                        "proof": ("PASS", "PASS")}
+    assert set(statuses) == set(load_profile("cpu-demo").tiers)
+    assert all(recorded == again for recorded, again in statuses.values()), statuses
+    # the bundle holds every kind of outcome, so each restatus path is exercised
+    assert {recorded for recorded, _ in statuses.values()} == {"NOT_RUN", "INCOMPLETE", "PASS",
+                                                              "FAIL"}
 
 
 @pytest.mark.parametrize("tier", ["evals", "features", "perf", "proof"])
@@ -380,7 +383,6 @@ def test_a_run_named_after_a_shipped_profile_gates_with_its_limits(tmp_path) -> 
     """profile.json of a run named cpu-demo must carry the shipped gate sections: loosening the
     token gate's floors (or any other gate section) needs a profile of another name."""
     from k3fasttrack.bundle.recheck import _check_embedded_gates
-    from k3fasttrack.profiles import load_profile
 
     shipped = load_profile("cpu-demo").model_dump(mode="json")
     (tmp_path / "profile.json").write_text(json.dumps(shipped))
