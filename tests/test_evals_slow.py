@@ -120,10 +120,10 @@ def test_resume_reruns_only_the_missing_cell(
     out, before = first_run
     kept = out / "cells/evals-gpqa_diamond-candidate.json"
     stamp = kept.stat().st_mtime_ns
-    (out / "cells/evals-mrcr-candidate.json").unlink()
+    (out / "cells/evals-mrcr_generated-candidate.json").unlink()
     after = run_evals(_profile(suites), out, resume=True, services={"servers": pair})
     assert kept.stat().st_mtime_ns == stamp
-    assert (out / "cells/evals-mrcr-candidate.json").is_file()
+    assert (out / "cells/evals-mrcr_generated-candidate.json").is_file()
     assert [r.comparison.n for r in after.suites] == [r.comparison.n for r in before.suites]
     assert len(after.path_evidence) == 4
     assert SPEC.recompute(after, out) == []
@@ -139,7 +139,8 @@ def _finished_requests(pair: ServerPair) -> float:
 def _kill_candidate_when_busy(pair: ServerPair, out: Path) -> threading.Thread:
     def watch() -> None:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not (out / "cells/evals-mrcr-baseline.json").exists():
+        baseline_done = out / "cells/evals-mrcr_generated-baseline.json"
+        while time.monotonic() < deadline and not baseline_done.exists():
             time.sleep(0.2)
         start = _finished_requests(pair)
         while time.monotonic() < deadline:
@@ -164,8 +165,8 @@ def test_candidate_killed_mid_suite(pair: ServerPair, tmp_path: Path) -> None:
     assert report.reason.startswith("1 of 2 suite(s) done; candidate server died")
     assert report.server_log_tail and (out / FAILURE_LOG).read_text().strip()
     assert [r.suite for r in report.suites] == ["gpqa_diamond"]
-    for cell in ("gpqa_diamond-baseline", "gpqa_diamond-candidate", "mrcr-baseline"):
+    for cell in ("gpqa_diamond-baseline", "gpqa_diamond-candidate", "mrcr_generated-baseline"):
         assert (out / f"cells/evals-{cell}.json").is_file()
-    assert not (out / "cells/evals-mrcr-candidate.json").exists()
-    assert (out / "cells/evals-mrcr-candidate.running").exists()
+    assert not (out / "cells/evals-mrcr_generated-candidate.json").exists()
+    assert (out / "cells/evals-mrcr_generated-candidate.running").exists()
     assert not (out / "evals/mrcr_generated/candidate.jsonl").exists()
