@@ -124,7 +124,8 @@ def _tiny_profile(tmp: Path) -> Path:
     suite["limit"] = 6
     (tmp / "gsm8k.yaml").write_text(yaml.safe_dump(suite))
     prof = yaml.safe_load((ROOT / "k3fasttrack/profiles/cpu-demo.yaml").read_text())
-    prof.update(name="cpu-demo-tiny", tiers=["evals", "proof"])
+    # two tiers only: below any depth, so the profile declares none
+    prof.update(name="cpu-demo-tiny", tiers=["evals", "proof"], depth=None)
     prof["evals"] = {"suites": [str(tmp / "gsm8k.yaml")]}
     path = tmp / "tiny.yaml"
     path.write_text(yaml.safe_dump(prof))
