@@ -21,7 +21,7 @@ from __future__ import annotations
 import ast
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 _ARGS_MARK = "non-default args: "
@@ -34,32 +34,30 @@ VOLATILE_KEYS = frozenset({"args.host", "args.port", "probe.pid", "probe.argv", 
 """Keys that differ between any two servers and say nothing about what they compute."""
 
 
-def parse_nondefault_args(lines: Iterable[str]) -> dict[str, Any] | None:
-    """The dict from the first ``non-default args: {...}`` log line, or None when absent."""
+def _first_marked_dict(lines: Iterable[str], mark: str,
+                       parse: Callable[[str], Any]) -> dict[str, Any] | None:
+    """``parse`` of the text after ``mark`` on the first line holding it, when that is a dict;
+    None when no line holds it or its text does not parse (ValueError / SyntaxError)."""
     for line in lines:
-        idx = line.find(_ARGS_MARK)
+        idx = line.find(mark)
         if idx < 0:
             continue
         try:
-            value = ast.literal_eval(line[idx + len(_ARGS_MARK):].strip())
+            value = parse(line[idx + len(mark):].strip())
         except (ValueError, SyntaxError):
             return None
         return value if isinstance(value, dict) else None
     return None
 
 
+def parse_nondefault_args(lines: Iterable[str]) -> dict[str, Any] | None:
+    """The dict from the first ``non-default args: {...}`` log line, or None when absent."""
+    return _first_marked_dict(lines, _ARGS_MARK, ast.literal_eval)
+
+
 def parse_test_support(lines: Iterable[str]) -> dict[str, Any] | None:
     """The JSON object of the first ``k3ft-cpu-test-support: {...}`` log line, or None."""
-    for line in lines:
-        idx = line.find(TEST_SUPPORT_MARK)
-        if idx < 0:
-            continue
-        try:
-            value = json.loads(line[idx + len(TEST_SUPPORT_MARK):].strip())
-        except ValueError:
-            return None
-        return value if isinstance(value, dict) else None
-    return None
+    return _first_marked_dict(lines, TEST_SUPPORT_MARK, json.loads)
 
 
 def split_top_level(text: str, sep: str = ",") -> list[str]:

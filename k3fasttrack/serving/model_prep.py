@@ -24,7 +24,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from k3fasttrack.errors import InfrastructureError, UsageError
 
@@ -121,20 +123,31 @@ def ensure_demo_model(cache_dir: Path | None = None) -> Path:
     if is_complete(target):
         return target
     gguf_path = find_demo_gguf()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{DEMO_MODEL_DIRNAME}.", dir=target.parent))
-    try:
+
+    def convert(tmp: Path) -> dict[str, Any]:
         _convert(gguf_path, tmp)
-        stamp = {
+        return {
             "package": SOURCE_PACKAGE,
             "package_version": importlib.metadata.version(SOURCE_PACKAGE),
             "gguf_file": gguf_path.name,
             "gguf_sha256": _sha256(gguf_path),
             "dtype": SAVE_DTYPE,
         }
+
+    return _build_in_place(target, convert)
+
+
+def _build_in_place(target: Path, build: Callable[[Path], dict[str, Any]]) -> Path:
+    """Run ``build`` into a temporary folder beside ``target``, write the stamp it returns, and
+    rename the folder into place (an incomplete or stale ``target`` is replaced; a failed build
+    leaves nothing behind)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        stamp = build(tmp)
         (tmp / STAMP_FILE).write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
         tmp.chmod(0o755)
-        if target.exists():  # an incomplete leftover: replace it
+        if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
     except BaseException:
@@ -183,9 +196,8 @@ def ensure_tiny_k3(cache_dir: Path | None = None) -> Path:
     target = cache_root(cache_dir) / "models" / TINY_K3_DIRNAME
     if tiny_k3_is_current(target):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{TINY_K3_DIRNAME}.", dir=target.parent))
-    try:
+
+    def generate(tmp: Path) -> dict[str, Any]:
         argv = [sys.executable, "-m", TINY_K3_GENERATOR, str(tmp), "--seed", str(TINY_K3_SEED)]
         done = subprocess.run(argv, capture_output=True, text=True, check=False,
                               env={**os.environ, "HF_HUB_OFFLINE": "1",
@@ -193,17 +205,10 @@ def ensure_tiny_k3(cache_dir: Path | None = None) -> Path:
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise InfrastructureError(f"generating the tiny K3 failed: {last}")
-        stamp = {"generator": TINY_K3_GENERATOR, "seed": TINY_K3_SEED,
-                 "generator_sha256": generator_digest(), "files": _file_digests(tmp)}
-        (tmp / STAMP_FILE).write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
-        tmp.chmod(0o755)
-        if target.exists():  # an incomplete or stale leftover: replace it
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return target
+        return {"generator": TINY_K3_GENERATOR, "seed": TINY_K3_SEED,
+                "generator_sha256": generator_digest(), "files": _file_digests(tmp)}
+
+    return _build_in_place(target, generate)
 
 
 PACKAGED_MODELS = (DEMO_MODEL_REF, TINY_K3_REF)
