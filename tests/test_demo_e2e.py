@@ -132,6 +132,9 @@ def _tiny_profile(tmp: Path) -> Path:
     return path
 
 
+# full (not in CI): test_evals_slow kills the candidate mid-suite and resumes at the tier level,
+# test_spine_validate and test_resume_invocation cover validate --resume without servers
+@pytest.mark.full
 def test_candidate_killed_mid_suite_then_resume_completes(tmp_path) -> None:
     env = _env(tmp_path)
     profile = _tiny_profile(tmp_path)

@@ -35,7 +35,9 @@ if __name__ == "__main__":
 """
 
 
+# full (not in CI): test_cpu_k3_validate serves the same tiny K3 through k3ft validate
 @pytest.mark.slow
+@pytest.mark.full
 def test_tiny_k3_greedy_generation_runs_and_is_deterministic(tmp_path: Path) -> None:
     model = tiny_k3.write_checkpoint(tmp_path / "tiny-k3")
     script = tmp_path / "generate.py"
