@@ -1,13 +1,24 @@
-"""k3ft perf-tier harness (``backend.harness:run_points``): our specialized executor against the
-stock-equivalent executor on one GPU, at the real per-GPU shard widths of a TP degree.
+"""k3ft perf-tier harness (``backend.harness:run_points``): our specialized executor against a
+baseline executor on one GPU, at the real per-GPU shard widths of a TP degree.
+
+The baseline (``K3FT_HARNESS_BASELINE``): ``vllm_stock`` (default; ``backend.stock.executor_ops.
+VllmStockOps``: vLLM 0.33.0's own Hopper kernels for every op, in vLLM's decode order with its
+side streams, from the pack unpacked at ``$K3_STOCK_ROOT`` / ``/root/vllm_stock`` and the Marlin
+MXFP4 experts; its stand-ins are listed by ``choices()`` and recorded in ``server_config``) or
+``torch_ops`` (``TorchOps``: the numerical reference, never a speed baseline). With
+``vllm_stock`` and the pack (or the Marlin experts) not loadable, the point fails with an
+``InfrastructureError`` naming what failed.
 
 Per sweep point (``k3fasttrack.perf.harness`` protocol): ``batch`` requests of ``q = 1 + draft_len``
 tokens each at sequence length ``input_len``; a step is one captured CUDA graph replay of the
-whole reduced-depth model (embedding, layers, final AttnRes + norm, LM head shard). Each repeat
-replays ``output_len`` steps on one side (baseline, candidate, interleaved) and reports per-step
-times as TPOT = step time / accepted tokens per request, with the synthetic acceptance length
+whole model (embedding, layers, final AttnRes + norm, LM head shard). Each repeat replays
+``output_len`` steps on one side (baseline, candidate, interleaved) and reports per-step times as
+TPOT = step time / accepted tokens per request, with the synthetic acceptance length
 ``acceptance_len`` (1 for plain decode); tokens/s counts accepted tokens. Both sides start from
-the same caches and replay the same inputs.
+the same weights and caches and replay the same inputs. Each repeat also carries the side's
+executor name (``vllm_stock`` / ``torch_ops`` / ``k3ft_hopper``) and the step's physical floor
+(``StepFloor``: the bytes one rank must read per step, ``measure.step_bytes``, with the experts
+the router picks in one eager baseline step, over the copy ceiling measured in this process).
 
 Proof evidence per point, written under the point's evidence directory in the bundle: each side's
 selection trace (JSONL, one record per step) and, on the first repeat, a torch-profiler trace of
@@ -17,16 +28,26 @@ A point's ``tp`` is the number of GPUs, which must be 1: the harness runs ONE ra
 deployment (``K3FT_HARNESS_SHARD_TP``, default 8: the TP8 per-GPU shard widths) with its
 collectives skipped (world size 1).
 
-Knobs (environment): ``K3FT_HARNESS_DEPTH`` (layers, default 5: dense KDA layer 0, KDA+MoE 1-2,
-MLA+MoE 3, KDA+MoE 4), ``K3FT_HARNESS_EXPERTS`` (896), ``K3FT_HARNESS_SIDE_STREAM`` (router on a
-side stream beside the front projection, default 1: it saved 8 us per KDA + MoE layer at batch 1
-and 39 us at batch 8 on the H200, backend/k3_decode/ops/router/NOTES.md),
-``K3FT_HARNESS_SEED`` (weights, default 0); the candidate's kernel choices are
-``DecodeSettings.from_env()`` (``K3_DECODE_<FIELD>`` overrides).
+Knobs (environment): ``K3FT_HARNESS_BASELINE`` (``vllm_stock`` | ``torch_ops``),
+``K3FT_HARNESS_DEPTH`` (layers, default 93: the whole model), ``K3FT_HARNESS_EXPERTS`` (routed
+experts per MoE layer, default 224: 896 experts x 92 MoE layers are 2.2 MB x 82k = 181 GB of
+MXFP4 at TP8, more than one H200's 139 GiB, twice that with the baseline's Marlin copy),
+``K3FT_HARNESS_SIDE_STREAM`` (router on a side stream beside the front projection, default 1: it
+saved 8 us per KDA + MoE layer at batch 1 and 39 us at batch 8 on the H200,
+backend/k3_decode/ops/router/NOTES.md), ``K3FT_HARNESS_SEED`` (weights, default 0); the
+candidate's kernel choices are ``DecodeSettings.from_env()`` (``K3_DECODE_<FIELD>`` overrides).
+
+Memory at the defaults (TP8 shard, 93 layers, 224 experts, both sides): attention weights 9.8 GB,
+MoE non-expert weights 12.8 GB plus the candidate's packed front / tail copies 12.5 GB, MXFP4
+experts 45.2 GB plus the baseline's Marlin copy (about the same, 45 GB), dense layer 0, embedding
+and LM head shards 0.8 GB: about 126 GB (118 GiB), leaving about 20 GiB of the H200's 139 GiB for
+the two sides' caches (per side at 8 requests x 32k: KDA state 69 layers x 9 slots x 0.8 MB,
+0.5 GB; fp8 MLA cache 24 layers x 151 MB, 3.6 GB), workspaces and the 2 GiB copy-ceiling probe.
 """
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -39,10 +60,23 @@ import torch
 
 from backend.k3_decode.settings import DecodeSettings
 from k3fasttrack.errors import InfrastructureError, UsageError
-from k3fasttrack.perf.harness import HarnessPoint, HarnessRepeat
+from k3fasttrack.perf.harness import HarnessPoint, HarnessRepeat, StepFloor
 from k3fasttrack.tiers.proof.signals import trace_offsets, trace_window
 
 _MODELS: dict[tuple, Any] = {}
+BASELINES = ("vllm_stock", "torch_ops")
+"""``K3FT_HARNESS_BASELINE`` values; the first is the default."""
+CANDIDATE = "k3ft_hopper"
+LAYOUT = ("one TP{tp} rank (shard widths), latent down/up and router replicated as vLLM 0.33.0 "
+          "runs them at decode on Hopper; collectives not run (one GPU)")
+
+
+def baseline_name() -> str:
+    """The baseline executor from ``K3FT_HARNESS_BASELINE`` (a bad value is a usage error)."""
+    name = os.environ.get("K3FT_HARNESS_BASELINE", BASELINES[0]).strip()
+    if name not in BASELINES:
+        raise UsageError(f"K3FT_HARNESS_BASELINE={name!r}: expected one of {', '.join(BASELINES)}")
+    return name
 
 
 def decode_settings() -> DecodeSettings:
@@ -61,8 +95,9 @@ def settings() -> dict[str, Any]:
     decode = decode_settings()
     try:
         s: dict[str, Any] = {
-            "depth": int(os.environ.get("K3FT_HARNESS_DEPTH", "5")),
-            "experts": int(os.environ.get("K3FT_HARNESS_EXPERTS", "896")),
+            "baseline": baseline_name(),
+            "depth": int(os.environ.get("K3FT_HARNESS_DEPTH", "93")),
+            "experts": int(os.environ.get("K3FT_HARNESS_EXPERTS", "224")),
             "seed": int(os.environ.get("K3FT_HARNESS_SEED", "0")),
             "shard_tp": int(os.environ.get("K3FT_HARNESS_SHARD_TP", "8")),
         }
@@ -131,6 +166,7 @@ class _Side:
         from backend.k3_decode.trace import TraceWriter
 
         self.name = name
+        self.executor = name
         self.trace_path = trace_path
         self.writer = TraceWriter(trace_path, flush_every=1 << 30, counters_every=1 << 30)
         self.ex = Executor(ops, weights, caches, max_tokens=inp.num_tokens, trace=self.writer)
@@ -142,12 +178,42 @@ class _Side:
         return ev.model_copy(update={"source": rel}).model_dump(mode="json")
 
 
-def _sides(point: HarnessPoint, s: dict[str, Any], evid: Path) -> tuple[_Side, _Side, Any]:
+def baseline_ops(name: str, cfg: Any, max_context: int) -> Any:
+    """The baseline's ops; with ``vllm_stock``, a pack or Marlin kernel that does not load is an
+    ``InfrastructureError`` naming it."""
+    if name == "torch_ops":
+        from backend.k3_decode.executor.torch_ops import TorchOps
+
+        return TorchOps(cfg)
+    from backend.stock.ops import StockUnavailable
+
+    try:
+        from backend.stock.executor_ops import VllmStockOps
+
+        return VllmStockOps(cfg, max_context=max_context)
+    except (ImportError, OSError) as exc:
+        raise InfrastructureError(f"vllm_stock baseline: {type(exc).__name__}: {exc}") from None
+    except StockUnavailable as exc:
+        raise InfrastructureError(f"vllm_stock baseline: stock kernel not loadable: {exc}") \
+            from None
+
+
+def baseline_choices(ops: Any) -> list[dict[str, str]]:
+    """What the baseline runs per op (``VllmStockOps.choices()``), or the reference's note."""
+    if hasattr(ops, "choices"):
+        return ops.choices()
+    return [{"op": "all", "vllm_0_33": "-", "used": "TorchOps (torch / cuBLAS / fla)",
+             "why": "numerical reference, never a speed baseline"}]
+
+
+def _sides(point: HarnessPoint, s: dict[str, Any], evid: Path) -> tuple[_Side, _Side, Any, Any]:
     from backend.k3_decode.config import k3_config
     from backend.k3_decode.executor.kernel_ops import KernelOps
     from backend.k3_decode.executor.state import blocks_needed, make_caches, synthetic_step
-    from backend.k3_decode.executor.torch_ops import TorchOps
+    from backend.stock.ops import StockUnavailable
 
+    gc.collect()  # the previous point's graphs and caches go before this point's are made
+    torch.cuda.empty_cache()
     p = point.params
     q = 1 + p.draft_len
     acc = p.acceptance_len or 1.0
@@ -159,11 +225,37 @@ def _sides(point: HarnessPoint, s: dict[str, Any], evid: Path) -> tuple[_Side, _
     caches = make_caches(cfg, layers, slots=1 + p.batch * q,
                          num_blocks=blocks_needed(p.batch, p.input_len), seed=point.seed,
                          device="cuda")
-    base = _Side("baseline", TorchOps(cfg), weights, caches.clone(), inp,
-                 evid / "selection-baseline.jsonl")
+    ops = baseline_ops(s["baseline"], cfg, p.input_len)
+    try:  # the first (eager) step prepares the baseline's weights: Marlin kernels load there
+        base = _Side("baseline", ops, weights, caches.clone(), inp,
+                     evid / "selection-baseline.jsonl")
+    except (StockUnavailable, ImportError, OSError) as exc:
+        raise InfrastructureError(f"{s['baseline']} baseline: {type(exc).__name__}: {exc}") \
+            from None
+    base.executor = s["baseline"]
     cand = _Side("candidate", KernelOps(cfg, decode_settings(), max_context=p.input_len),
                  weights, caches, inp, evid / "selection-candidate.jsonl")
-    return base, cand, inp
+    cand.executor = CANDIDATE
+    return base, cand, inp, weights
+
+
+def step_floor(base: _Side, weights: Any, inp: Any, context: int, shard_tp: int) -> StepFloor:
+    """The step's floor: ``measure.step_bytes`` with the experts the router picks in one eager
+    baseline step (it advances the baseline's caches as one more replay would), over the copy
+    ceiling measured here."""
+    from backend.k3_decode.executor import measure
+    from backend.k3_decode.ops.gemv.timing import copy_ceiling_tbs
+
+    ex = base.ex
+    touched = measure.picked_experts(ex.ops, weights, ex.caches, inp, ex.ws)
+    mla = next(iter(ex.caches.mla.values()), None)
+    cache_bytes = 1 if mla is None else mla.kv_cache.element_size()
+    total = measure.step_bytes(weights, inp.num_reqs, inp.q, context, touched,
+                               cache_bytes=cache_bytes)["total"]
+    torch.cuda.synchronize()
+    ceiling = copy_ceiling_tbs()
+    return StepFloor(bytes_per_step=total, copy_ceiling_tbs=ceiling,
+                     floor_us=total / (ceiling * 1e12) * 1e6, layout=LAYOUT.format(tp=shard_tp))
 
 
 def _check_point(point: HarnessPoint) -> None:
@@ -190,12 +282,14 @@ def run_points(point: HarnessPoint) -> Iterator[HarnessRepeat]:
     acc = p.acceptance_len or 1.0
     evid = Path(point.evidence_dir or "")
     evid.mkdir(parents=True, exist_ok=True)
-    base, cand, inp = _sides(point, s, evid)
+    base, cand, inp, weights = _sides(point, s, evid)
+    floor = step_floor(base, weights, inp, p.input_len, s["shard_tp"])
     for side in (base, cand):
         for _ in range(max(1, point.warmup_requests)):
             side.graph.replay()
     torch.cuda.synchronize()
-    knobs = {**s, "context": p.input_len, "q": 1 + p.draft_len}
+    knobs = {**s, "context": p.input_len, "q": 1 + p.draft_len,
+             "baseline_choices": baseline_choices(base.ex.ops)}
     config = _digest(knobs)
     prompts = _digest(inp.token_ids.tolist())
     out_len = round(p.output_len * acc)
@@ -217,6 +311,7 @@ def run_points(point: HarnessPoint) -> Iterator[HarnessRepeat]:
                 prompts_sha256=prompts, mean_input_tokens=float(p.input_len),
                 server_config_sha256=config, server_config=knobs, evidence=tuple(evidence),
                 counters={"step_ms_sum": sum(times), "steps": float(len(times))},
+                executor=side.executor, floor=floor,
             )
     for side in (base, cand):
         side.writer.close()

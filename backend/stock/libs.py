@@ -14,8 +14,10 @@ LIBRARIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "vllm/_C_stable_libtorch.abi3.so": ("_C", (
         "fused_kda_decode", "dsv3_fused_a_gemm",
         "fused_kimi_k3_mla_decode_q_concat_kv_cache_insert",
-        "fused_kimi_k3_mla_decode_q_concat_kv_cache_fp8_insert")),
-    "vllm/_moe_C_stable_libtorch.abi3.so": ("_moe_C", ("grouped_topk",)),
+        "fused_kimi_k3_mla_decode_q_concat_kv_cache_fp8_insert",
+        "gptq_marlin_repack", "situ_and_mul", "rms_norm", "fused_add_rms_norm")),
+    "vllm/_moe_C_stable_libtorch.abi3.so": ("_moe_C", (
+        "grouped_topk", "moe_align_block_size", "moe_wna16_marlin_gemm", "moe_sum")),
     "vllm/_flashmla_C.abi3.so": ("_flashmla_C", ()),
     "vllm/_flashmla_extension_C.abi3.so": (
         "_flashmla_extension_C", ("fwd_kvcache_mla_fp8", "get_mla_decoding_metadata_dense_fp8")),

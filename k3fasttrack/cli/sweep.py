@@ -45,11 +45,26 @@ def run_sweep(
     return report
 
 def render(report: PerfReport) -> str:
-    """A short plain-text table of the points (speedup of TPOT and output tokens/s)."""
+    """A short plain-text table of the points: the headline (step time or TPOT per side, floor
+    fraction, ratio against the named baseline) and the speedups of TPOT and output tokens/s;
+    against a numerical reference, no speedup at all."""
+    from k3fasttrack.perf.headline import reference_note
+
     lines = [f"perf: {report.status} - {report.reason}"]
     for p in report.points:
         got = {m.metric: m for m in p.metrics}
         cells = []
+        head = p.headline
+        if head is not None:
+            what = "step" if head.measure == "step_time" else "tpot"
+            frac = (f" ({head.candidate_floor_fraction:.0%} of floor)"
+                    if head.candidate_floor_fraction is not None else "")
+            cells.append(f"{what} {head.candidate_ms:.3f} ms{frac} vs {head.baseline_ms:.3f} ms "
+                         f"on {head.baseline}")
+            if not head.speed_baseline:
+                lines.append(f"  {p.point}: " + cells[0] + "; "
+                             + reference_note(head.baseline_executor or head.baseline))
+                continue
         for name in ("tpot_ms_median", "output_tok_s"):
             m = got.get(name)
             if m is not None and m.speedup is not None:

@@ -92,6 +92,51 @@ class MetricComparison(Record):
     otherwise; None when the ratio is undefined."""
 
 
+class StepFloor(Record):
+    """The physical floor of one decode step on one GPU: the bytes the step must read at least,
+    over the copy ceiling measured on that GPU in the same run."""
+
+    bytes_per_step: int
+    """Bytes one GPU must read per step in the layout it runs (weights once, KV / state rows)."""
+    copy_ceiling_tbs: float
+    """Device-to-device copy throughput measured in the same run, TB/s."""
+    floor_us: float
+    """``bytes_per_step / copy_ceiling``, microseconds."""
+    layout: str
+    """What the bytes count: e.g. "one TP8 rank, latent projections replicated"."""
+
+
+class PointHeadline(Record):
+    """The figures a point leads with: the median time per side, the fraction of the step's
+    physical floor per side, and the baseline/candidate ratio with its interval. Re-derived by
+    ``recompute`` from the raw repeats (executors, floor) and the verified TPOT comparison."""
+
+    measure: Literal["step_time", "tpot"]
+    """``step_time``: one decode step of the harness (its TPOT times the acceptance length; at
+    acceptance 1 the TPOT is the step time); ``tpot``: time per output token of ``vllm bench
+    serve`` (a speculative step emits several tokens, so this is not a step time)."""
+    baseline: str
+    """What the candidate is measured against: the baseline executor's name, or the vLLM server
+    without the profile's switch."""
+    baseline_executor: str | None = None
+    candidate_executor: str | None = None
+    baseline_ms: float
+    """Median over repeats, milliseconds."""
+    candidate_ms: float
+    floor: StepFloor | None = None
+    baseline_floor_fraction: float | None = None
+    """``floor_us / step time``: 1.0 means the side runs at the physical floor."""
+    candidate_floor_fraction: float | None = None
+    speed_baseline: bool
+    """False when the baseline is a numerical reference (``torch_ops``): no speedup is claimed
+    against it and the ratio fields stay empty."""
+    ratio: float | None = None
+    """baseline / candidate (>1: the candidate is faster); None against a numerical reference."""
+    ratio_ci_low: float | None = None
+    """95% bootstrap interval of baseline / candidate."""
+    ratio_ci_high: float | None = None
+
+
 class PointResult(Record):
     """Statistics of one sweep point."""
 
@@ -104,6 +149,9 @@ class PointResult(Record):
     metrics: tuple[MetricComparison, ...] = ()
     acceptance_length: float | None = None
     """Candidate's mean acceptance length (1 + accepted / drafts) from /metrics deltas."""
+    headline: PointHeadline | None = None
+    """The point's lead figures (None in bundles that predate them: ``recompute`` accepts that
+    only where the raw repeats name no executor and no floor)."""
 
 
 class SkippedPoint(Record):
@@ -144,7 +192,8 @@ class PerfReport(TierReportBase):
     skipped: tuple[SkippedPoint, ...] = ()
     agentic: tuple[AgenticResult, ...] = ()
     geomean_speedup: dict[str, float] = Field(default_factory=dict)
-    """Per metric: geometric mean of the speedup over comparable points."""
+    """Per metric: geometric mean of the speedup over comparable points whose baseline is a speed
+    baseline (never over points measured against a numerical reference)."""
     plots: tuple[str, ...] = ()
     """Bundle-relative PNG paths."""
     path_evidence: tuple[dict[str, Any], ...] = ()

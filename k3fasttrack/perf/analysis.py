@@ -19,10 +19,12 @@ from k3fasttrack.models.perf import (
     PointParams,
     PointResult,
     SideConditions,
+    StepFloor,
 )
 from k3fasttrack.models.samples import PerfSample, Side
 from k3fasttrack.perf.agentic import AGENTIC_METRICS
 from k3fasttrack.perf.bench import METRIC_INFO
+from k3fasttrack.perf.headline import HEADLINE_METRIC, point_headline
 from k3fasttrack.perf.targets import ACCEPTED, DRAFTS
 from k3fasttrack.stats.perf import compare_samples, geomean
 
@@ -149,8 +151,10 @@ def point_result(
     alpha: float,
     practical: float,
     seed: int,
+    runner: str = "vllm-bench",
 ) -> PointResult:
-    """Statistics of one measured point (cell result) with its comparability verdict."""
+    """Statistics of one measured point (cell result) with its comparability verdict and its
+    headline (harness cells name each side's executor and the step's floor)."""
     conds = tuple(
         SideConditions.model_validate(cell["sides"][s]["conditions"])
         for s in ("baseline", "candidate")
@@ -160,23 +164,33 @@ def point_result(
         compare_metric(cell["point"], m, grouped, alpha=alpha, practical=practical, seed=seed)
         for m in METRIC_INFO
     ]
+    params = PointParams.model_validate(cell["params"])
+    tpot = next((m for m in metrics if m is not None and m.metric == HEADLINE_METRIC), None)
+    floor = cell.get("floor")
+    headline = point_headline(
+        tpot, params, runner=runner,
+        executors={s: cell["sides"][s].get("executor") for s in ("baseline", "candidate")},
+        floor=StepFloor.model_validate(floor) if floor else None,
+    )
     return PointResult(
         point=cell["point"],
-        params=PointParams.model_validate(cell["params"]),
+        params=params,
         repeats=len(cell["sides"]["baseline"]["repeats"]),
         comparable=not reasons,
         incomparable_reasons=tuple(reasons),
         conditions=conds,
         metrics=tuple(m for m in metrics if m is not None),
         acceptance_length=acceptance_length(cell),
+        headline=headline,
     )
 
 
 def geomean_speedups(points: Iterable[PointResult]) -> dict[str, float]:
-    """Per metric, the geometric mean speedup over comparable points."""
+    """Per metric, the geometric mean speedup over comparable points measured against a speed
+    baseline (a numerical reference's points stay out)."""
     by_metric: dict[str, list[float]] = defaultdict(list)
     for p in points:
-        if not p.comparable:
+        if not p.comparable or (p.headline is not None and not p.headline.speed_baseline):
             continue
         for m in p.metrics:
             if m.speedup is not None:

@@ -15,15 +15,19 @@ same-path checks as the vllm-bench runner; each repeat is also written under ``p
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable
+import math
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from k3fasttrack.errors import UsageError
 from k3fasttrack.models.base import Record
-from k3fasttrack.models.perf import PointParams
+from k3fasttrack.models.perf import PointParams, StepFloor
 from k3fasttrack.models.samples import Side
 from k3fasttrack.perf.bench import METRIC_INFO
 from k3fasttrack.pipeline.atomic import write_json_atomic
+
+__all__ = ["HarnessFn", "HarnessPoint", "HarnessRepeat", "StepFloor", "load_harness",
+           "measure_with_harness", "point_identity"]
 
 
 class HarnessPoint(Record):
@@ -61,12 +65,46 @@ class HarnessRepeat(Record):
     that differ between two bundles."""
     counters: dict[str, float] | None = None
     """Deltas of ``vllm:spec_decode_num_drafts_total`` / ``..._accepted_tokens_total`` or equivalents."""
+    executor: str | None = None
+    """The side's executor by name (e.g. "vllm_stock": vLLM's own kernels; "torch_ops": the
+    numerical reference, never a speed baseline; "k3ft_hopper": ours)."""
+    floor: StepFloor | None = None
+    """The step's physical floor on this GPU (the same for both sides of a point)."""
     evidence: tuple[dict[str, Any], ...] = ()
     """``PathEvidence`` dicts (selection-trace windows, profiler traces) for the proof tier; a
     ``source`` must lie under ``HarnessPoint.evidence_rel``."""
 
 
 HarnessFn = Callable[[HarnessPoint], Iterable[HarnessRepeat]]
+
+
+def point_identity(
+    reps: Sequence[HarnessRepeat],
+) -> tuple[dict[str, str | None], StepFloor | None]:
+    """Per side, the executor every repeat of that side names, and the point's floor: every
+    repeat states the same bytes and layout, each ``floor_us`` is its bytes over its copy ceiling,
+    and the point takes the highest ceiling measured (the lowest floor, so no fraction of floor is
+    flattered by a slow copy). Raises ``ValueError`` naming the first inconsistency."""
+    executors: dict[str, str | None] = {}
+    for side in ("baseline", "candidate"):
+        names = {r.executor for r in reps if r.side == side}
+        if len(names) > 1:
+            raise ValueError(f"the {side} repeats name different executors {sorted(map(str, names))}")
+        executors[side] = next(iter(names), None)
+    floors = [r.floor for r in reps]
+    if all(f is None for f in floors):
+        return executors, None
+    if any(f is None for f in floors):
+        raise ValueError("some repeats state a floor and others none")
+    given = [f for f in floors if f is not None]
+    if len({(f.bytes_per_step, f.layout) for f in given}) > 1:
+        raise ValueError("repeats state different floor bytes or layouts")
+    for f in given:
+        if f.copy_ceiling_tbs <= 0 or not math.isclose(
+                f.floor_us, f.bytes_per_step / (f.copy_ceiling_tbs * 1e6), rel_tol=1e-3):
+            raise ValueError(f"floor_us {f.floor_us} is not bytes_per_step {f.bytes_per_step} "
+                             f"over the copy ceiling {f.copy_ceiling_tbs} TB/s")
+    return executors, max(given, key=lambda f: f.copy_ceiling_tbs)
 
 
 def load_harness(spec: str) -> HarnessFn:
@@ -116,6 +154,10 @@ def measure_with_harness(fn: HarnessFn, point: HarnessPoint, bundle_dir: Any) ->
     point = point.model_copy(update={"evidence_dir": str(bundle_dir / rel), "evidence_rel": rel})
     reps = list(fn(point))
     _check(point, reps)
+    try:
+        executors, floor = point_identity(reps)
+    except ValueError as exc:
+        raise UsageError(f"harness for {point.point}: {exc}") from None
     evidence = _check_evidence(point, reps, bundle_dir)
     sides: dict[str, dict[str, Any]] = {"baseline": {"repeats": []}, "candidate": {"repeats": []}}
     for r in reps:
@@ -158,5 +200,6 @@ def measure_with_harness(fn: HarnessFn, point: HarnessPoint, bundle_dir: Any) ->
             "mean_input_tokens": sum(r.mean_input_tokens for r in own) / len(own),
         }
         data["server_config"] = own[0].server_config
+        data["executor"] = executors[side]
     return {"point": point.point, "params": point.params.model_dump(mode="json"), "sides": sides,
-            "evidence": evidence}
+            "floor": floor.model_dump(mode="json") if floor else None, "evidence": evidence}

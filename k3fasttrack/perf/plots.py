@@ -1,7 +1,8 @@
 """Deterministic PNG plots for the bundle (matplotlib, Agg, no dates or version in metadata).
 
 - ``perf/speedup_vs_batch.png``: candidate speedup (1 / TPOT ratio, with the ratio's 95% interval)
-  against batch, one line per context length (and traffic kind / prompt source).
+  against batch, one line per context length (and traffic kind / prompt source); only points
+  measured against a speed baseline.
 - ``perf/frontier.png``: interactivity (tokens/s per user) against output throughput per GPU, both
   sides, each with its Pareto frontier.
 """
@@ -37,12 +38,14 @@ def _metric(point: PointResult, name: str) -> MetricComparison | None:
 
 
 def speedup_plot(points: Sequence[PointResult], out: Path) -> bool:
-    """Write the speedup-vs-batch plot; False when no point has the metric."""
+    """Write the speedup-vs-batch plot; False when no point has the metric. Points measured
+    against a numerical reference are left out: no speedup is claimed against one."""
     series: dict[str, list[tuple[int, float, float, float]]] = defaultdict(list)
     for p in points:
         m = _metric(p, SPEEDUP_METRIC)
         if (
             m is None
+            or (p.headline is not None and not p.headline.speed_baseline)
             or m.speedup is None
             or m.comparison.ci_low is None
             or m.comparison.ci_high is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from k3fasttrack.perf.headline import UNNAMED_BASELINE, VLLM_BENCH_BASELINE
 from k3fasttrack.summary.untrusted import md_text
 
 
@@ -73,22 +74,118 @@ def _metric(point: dict[str, Any], name: str) -> dict[str, Any] | None:
     return next((m for m in point.get("metrics", []) if m["metric"] == name), None)
 
 
-def perf(r: dict[str, Any]) -> list[str]:
-    """One row per point: shape, TPOT on both sides, speedup with its interval, significance."""
+def _ratio(h: dict[str, Any]) -> str:
+    if not h.get("speed_baseline", True):
+        return "none (numerical reference)"
+    if h.get("ratio") is None:
+        return "n/a"
+    lo, hi = h.get("ratio_ci_low"), h.get("ratio_ci_high")
+    ci = f" [{_f(lo)}, {_f(hi)}]" if lo is not None and hi is not None else ""
+    return f"{_f(h['ratio'])}x{ci}"
+
+
+def _headline(p: dict[str, Any], runner: str) -> dict[str, Any] | None:
+    """The point's headline, or one built from its TPOT comparison for reports without one."""
+    head = p.get("headline")
+    if isinstance(head, dict):
+        return head
+    m = _metric(p, "tpot_ms_median")
+    if m is None:
+        return None
+    cmp = m["comparison"]
+    lo, hi = cmp.get("ci_low"), cmp.get("ci_high")
+    harness = runner == "harness"
+    scale = (p["params"].get("acceptance_len") or 1.0) if harness else 1.0
+    return {"measure": "step_time" if harness else "tpot",
+            "baseline": UNNAMED_BASELINE if harness else VLLM_BENCH_BASELINE,
+            "baseline_ms": cmp["old"]["median"] * scale,
+            "candidate_ms": cmp["new"]["median"] * scale,
+            "speed_baseline": True, "ratio": m.get("speedup"),
+            "ratio_ci_low": 1 / hi if hi else None, "ratio_ci_high": 1 / lo if lo else None}
+
+
+def _fraction(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def _floor(h: dict[str, Any]) -> str:
+    fl = h.get("floor")
+    if not fl:
+        return "n/a"
+    return (f"{_f(fl['floor_us'], 4)} us ({fl['bytes_per_step'] / 1e9:.3g} GB at "
+            f"{_f(fl['copy_ceiling_tbs'])} TB/s)")
+
+
+def perf_lead(r: dict[str, Any]) -> list[str]:
+    """The lines the perf section opens with: per point the candidate's step time (harness) or
+    TPOT (vllm-bench), its fraction of the step's floor and the layout the floor counts, and the
+    ratio against the named baseline with its interval; against a numerical reference, that
+    sentence instead of any ratio."""
+    runner = r.get("runner") or "vllm-bench"
+    heads = [(p, h) for p in r.get("points", []) if (h := _headline(p, runner)) is not None]
+    if not heads:
+        return []
+    step = heads[0][1].get("measure") == "step_time"
+    what = "Per-step time" if step else "TPOT (time per output token)"
+    bases = sorted({str(h.get("baseline")) for _, h in heads})
+    refs = sorted({str(h.get("baseline_executor")) for _, h in heads
+                   if not h.get("speed_baseline", True)})
+    cand = sorted({str(h["candidate_executor"]) for _, h in heads if h.get("candidate_executor")})
+    who = f"candidate {', '.join(cand)}" if cand else "candidate"
+    out = [f"**{what}** of the {_c(who)} (median of repeats); baseline: "
+           f"{_c(', '.join(bases))}.", ""]
+    if refs:
+        out += [f"**Baseline {_c(', '.join(refs))} is the numerical reference, not a speed "
+                "baseline: no speedup claim.**", ""]
+    layouts = sorted({h["floor"]["layout"] for _, h in heads if h.get("floor")})
+    if layouts:
+        layout = _c("; ".join(layouts))
+        out += [f"Floor: the bytes one GPU must read per step in the layout \"{layout}\", over "
+                "the copy ceiling measured on that GPU in the same run; fraction of floor = "
+                "floor / step time (1.0: at the floor).", ""]
+    floors = bool(layouts)
+    ratios = any(h.get("speed_baseline", True) for _, h in heads)
+    header = ["batch", "context", f"{'step' if step else 'TPOT'} (ms)"]
+    header += ["fraction of floor", "floor"] if floors else []
+    named = _c(bases[0]) if step and len(bases) == 1 else "baseline"
+    header += [f"{named} / candidate [95% CI]"] if ratios else []
     rows = []
+    for p, h in heads:
+        pr = p["params"]
+        row = [pr.get("batch"), pr.get("input_len"), _f(h["candidate_ms"], 4)]
+        row += [_fraction(h.get("candidate_floor_fraction")), _floor(h)] if floors else []
+        row += [_ratio(h)] if ratios else []
+        rows.append(row)
+    return out + _table(header, rows)
+
+
+def perf(r: dict[str, Any]) -> list[str]:
+    """The lead lines (``perf_lead``), then one row per point as drill-down: shape, both sides'
+    step time (or TPOT) and fraction of floor, the ratio with its interval, significance."""
+    runner = r.get("runner") or "vllm-bench"
+    rows = []
+    step = False
     for p in r.get("points", []):
-        m = _metric(p, "tpot_ms_median")
-        if m is None:
+        m, h = _metric(p, "tpot_ms_median"), _headline(p, runner)
+        if m is None or h is None:
             continue
+        step = h.get("measure") == "step_time"
         cmp, pr = m["comparison"], p["params"]
         rows.append([p["point"], pr.get("batch"), pr.get("input_len"), pr.get("output_len"),
-                     _f(cmp["old"]["median"]), _f(cmp["new"]["median"]),
-                     f"{_f(m.get('speedup'))}", f"{_f(cmp['ci_low'])}-{_f(cmp['ci_high'])}",
+                     _f(h["baseline_ms"], 4), _f(h["candidate_ms"], 4),
+                     _fraction(h.get("baseline_floor_fraction")),
+                     _fraction(h.get("candidate_floor_fraction")), _ratio(h),
                      _f(cmp["p_value"]), cmp["verdict"], _f(p.get("acceptance_length"))])
-    out = ["TPOT in ms (median of repeats; speedup = baseline / candidate; interval of the "
-           "candidate/baseline ratio):", ""]
-    out += _table(["point", "batch", "in", "out", "TPOT base", "TPOT cand", "speedup",
-                   "ratio 95% CI", "p", "verdict", "accept len"], rows)
+    unit = "step" if step else "TPOT"
+    floors = any(row[6] != "n/a" or row[7] != "n/a" for row in rows)
+    if not floors:
+        rows = [row[:6] + row[8:] for row in rows]
+    out = perf_lead(r)
+    out += [f"Per point ({unit} in ms, median of repeats; ratio = baseline / candidate with its "
+            "95% interval):", ""]
+    out += _table(["point", "batch", "in", "out", f"{unit} base", f"{unit} cand",
+                   *(["base of floor", "cand of floor"] if floors else []),
+                   "baseline / candidate", "p", "verdict", "accept len"], rows)
     for a in r.get("agentic", []):
         for m in a.get("metrics", []):
             cmp = m["comparison"]

@@ -21,6 +21,7 @@ from backend.k3_decode.executor.weights import (
     KdaWeights,
     LayerWeights,
     MlaWeights,
+    ModelWeights,
     MoeWeights,
     weight_bytes,
 )
@@ -89,37 +90,109 @@ def layer_kernels(ex: Executor, pos: int, inp: StepInputs) -> list[str]:
     return [name for name, _ in layer_kernel_times(ex, pos, inp)]
 
 
-def _moe_bytes(w: MoeWeights, ids: torch.Tensor | None) -> tuple[int, int]:
-    front, tail = w.packed()
-    dense = weight_bytes([w.gate_w, w.bias, front, tail])
-    per_expert = sum(x[0].numel() * x.element_size() for x in (w.w13, w.w13_scale, w.w2,
-                                                               w.w2_scale))
-    touched = 0 if ids is None else int(torch.unique(ids).numel())
-    return dense, touched * per_expert
+def moe_weight_bytes(w: MoeWeights) -> int:
+    """Bytes of a latent-MoE layer's non-expert weights: router (gate + bias), the replicated
+    latent down and up projections and the latent norm, the shared experts' shard."""
+    return weight_bytes([w.gate_w, w.bias, w.down, w.latent_norm, w.up, w.shared_gate_up,
+                         w.shared_down])
+
+
+def replicated_bytes(w: MoeWeights) -> int:
+    """Bytes of the weights every TP rank reads whole (vLLM 0.33.0 at decode on Hopper:
+    ``routed_expert_down_proj`` / ``routed_expert_up_proj`` are ReplicatedLinear, the router
+    gate is replicated)."""
+    return weight_bytes([w.gate_w, w.bias, w.down, w.up])
+
+
+def expert_bytes(w: MoeWeights) -> int:
+    """Bytes of one routed expert's MXFP4 shard (w13, w2 and their scales)."""
+    return sum(x[0].numel() * x.element_size() for x in (w.w13, w.w13_scale, w.w2, w.w2_scale))
 
 
 def layer_bytes(layer: LayerWeights, cfg: Any, reqs: int, q: int, context: int,
-                ids: torch.Tensor | None) -> dict[str, int]:
-    """Bytes a layer must move at least: weights once, the KDA state read + written per request
-    (per position for verify), the MLA latent cache rows read, the experts actually touched."""
+                ids: torch.Tensor | None = None, *, touched: int | None = None,
+                cache_bytes: int = 1) -> dict[str, int]:
+    """Bytes a layer must move at least: weights once (AttnRes vectors included), the KDA state
+    and conv window read once and written per position, the MLA latent cache rows of
+    ``context`` positions per request (``cache_bytes`` per element: 1 fp8, 2 bf16), and the
+    experts actually touched (``touched``, else the distinct ``ids``, else none)."""
     out: dict[str, int] = {}
+    ar = layer.attn_res
+    out["attn_res"] = weight_bytes([ar.attn_res_norm, ar.attn_res_proj, ar.input_norm,
+                                    ar.mlp_res_norm, ar.mlp_res_proj, ar.post_attn_norm])
     a = layer.attn
     if isinstance(a, KdaWeights):
         k = cfg.kda
         state = reqs * k.num_heads * k.head_dim * k.head_dim * 4
         conv = reqs * (k.conv_width - 1) * 3 * k.num_heads * k.head_dim * 2
-        out["attention"] = (weight_bytes([a.in_proj, a.f_b, a.conv_w, a.dt_bias, a.a_log,
-                                          a.norm_w, a.o_proj]) + state * (1 + q) + conv * (1 + q))
+        out["attention"] = weight_bytes([a.in_proj, a.f_b, a.conv_w, a.dt_bias, a.a_log,
+                                         a.norm_w, a.o_proj])
+        out["state"] = (state + conv) * (1 + q)
     elif isinstance(a, MlaWeights):
-        out["attention"] = (weight_bytes([a.qkv_a_g, a.q_b, a.w_uk_t, a.w_uv, a.o_proj])
-                            + reqs * context * cfg.mla.latent_dim)
+        out["attention"] = weight_bytes([a.qkv_a_g, a.q_a_norm, a.kv_a_norm, a.q_b, a.w_uk_t,
+                                         a.w_uv, a.o_proj])
+        out["cache"] = reqs * context * cfg.mla.latent_dim * cache_bytes
     f = layer.ffn
     if isinstance(f, DenseWeights):
         out["ffn"] = weight_bytes([f.gate_up, f.down])
     else:
-        dense, experts = _moe_bytes(f, ids)
-        out["ffn"], out["experts"] = dense, experts
+        if touched is None:
+            touched = 0 if ids is None else int(torch.unique(ids).numel())
+        out["ffn"] = moe_weight_bytes(f)
+        out["experts"] = touched * expert_bytes(f)
     out["total"] = sum(out.values())
+    return out
+
+
+def step_bytes(weights: ModelWeights, reqs: int, q: int, context: int, touched: dict[int, int],
+               *, cache_bytes: int = 1) -> dict[str, int]:
+    """Bytes ONE rank must read per decode step of ``reqs`` requests x ``q`` tokens at sequence
+    length ``context``, in the layout both executors run: every weight of the shard once (the
+    replicated latent down / up projections and router whole), KDA state and conv window read
+    and written, MLA cache rows, the experts the router picked (``touched``: layer index ->
+    distinct experts), the final AttnRes + norm and the LM head shard, and the step's embedding
+    rows. Activations and collectives are not counted. Returns the parts and ``total``;
+    ``replicated`` (also inside ``ffn``) is the share of the replicated MoE weights."""
+    cfg = weights.config
+    parts = {"attn_res": 0, "attention": 0, "state": 0, "cache": 0, "ffn": 0, "experts": 0,
+             "replicated": 0}
+    for layer in weights.layers:
+        lb = layer_bytes(layer, cfg, reqs, q, context, touched=touched.get(layer.index, 0),
+                         cache_bytes=cache_bytes)
+        for key, val in lb.items():
+            if key != "total":
+                parts[key] += val
+        if isinstance(layer.ffn, MoeWeights):
+            parts["replicated"] += replicated_bytes(layer.ffn)
+    t = reqs * q
+    parts["head"] = weight_bytes([weights.final_res_norm, weights.final_res_proj,
+                                  weights.final_norm, weights.lm_head])
+    parts["embed"] = t * weights.embed.shape[1] * weights.embed.element_size()
+    parts["total"] = sum(v for k, v in parts.items() if k != "replicated")
+    return parts
+
+
+def topk_ids(h: torch.Tensor, w: MoeWeights, top_k: int) -> torch.Tensor:
+    """The router's top-k expert ids for MoE input ``h`` (fp32 logits, sigmoid + bias)."""
+    scores = torch.sigmoid(h.float() @ w.gate_w.float().T) + w.bias.float()
+    return torch.topk(scores, top_k, dim=-1).indices
+
+
+def picked_experts(ops: Any, weights: ModelWeights, caches: Any, inp: StepInputs,
+                   ws: Workspace) -> dict[int, int]:
+    """Distinct experts each MoE layer's router picks in one eager step of ``ops`` (the step
+    runs: it advances ``caches`` as a replay would)."""
+    top_k = weights.config.moe.top_k
+    ffn = {x.index: x.ffn for x in weights.layers}
+    t = inp.num_tokens
+    out: dict[int, int] = {}
+
+    def hook(index: int, w: Workspace) -> None:
+        f = ffn[index]
+        if isinstance(f, MoeWeights):
+            out[index] = int(torch.unique(topk_ids(w.h[:t], f, top_k)).numel())
+
+    decode_step(ops, weights, caches, inp, ws, hook)
     return out
 
 

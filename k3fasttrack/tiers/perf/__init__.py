@@ -15,7 +15,7 @@ from k3fasttrack.models.perf import PerfReport
 from k3fasttrack.models.plan import Cell
 from k3fasttrack.models.profile import Profile
 from k3fasttrack.models.reports import TierReport
-from k3fasttrack.perf import analysis, samepath
+from k3fasttrack.perf import analysis, headline, samepath
 from k3fasttrack.perf.grid import load_grid
 from k3fasttrack.tiers.perf.run import (
     AGENTIC_PREFIX,
@@ -65,11 +65,13 @@ def plan_cells(profile: Profile, tp: int, options: dict[str, object]) -> list[Ce
 
 
 def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
-    """Re-derive every comparison from ``perf/samples.jsonl`` and the same-path checks from
+    """Re-derive every comparison from ``perf/samples.jsonl``, every headline from the raw
+    repeats (executors, floor) and the comparisons, and the same-path checks from
     ``perf/same_path.jsonl``; check that the listed plots exist."""
     if not isinstance(report, PerfReport):
         return [f"not a perf report: {report.tier}"]
     problems = analysis.recompute_points(report, bundle_dir)
+    problems += headline.recompute_headlines(report, bundle_dir)
     stored: dict[str, Check] = {c.name: c for c in report.checks}
     rechecked = samepath.recheck(bundle_dir)
     for fresh in rechecked:
@@ -92,15 +94,21 @@ def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
 
 def restatus(report: TierReport, bundle_dir: Path) -> tuple[TierStatus, str]:
     """FAIL when a check fails, with the same-path checks re-derived from
-    ``perf/same_path.jsonl`` and the comparability and regression checks from the points."""
+    ``perf/same_path.jsonl``, the comparability and regression checks from the points and the
+    speed-baseline check from the raw repeats; a finished tier whose baseline is a numerical
+    reference is INCOMPLETE, never PASS (``run.outcome``)."""
     if not isinstance(report, PerfReport):
         return "FAIL", f"not a perf report: {report.tier}"
     if not report.checks:
         return status_from_checks(report)
+    speed = headline.restated_check(report, bundle_dir)
     fresh = {c.name: c for c in (*samepath.recheck(bundle_dir), _comparable_check(report.points),
-                                 _regression_check(report.points))}
+                                 _regression_check(report.points), speed)}
     checks = [fresh.pop(c.name, c) for c in report.checks]
-    return status_from_checks(report, [*checks, *fresh.values()])
+    status, why = status_from_checks(report, [*checks, *fresh.values()])
+    if status == "PASS" and speed.outcome == "not_run":
+        return "INCOMPLETE", speed.reason
+    return status, why
 
 
 SPEC = TierSpec(name="perf", plan_cells=plan_cells, run=run, recompute=recompute,

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from k3fasttrack.errors import InfrastructureError
-from k3fasttrack.models.base import Check
+from k3fasttrack.models.base import Check, TierStatus
 from k3fasttrack.models.perf import PerfReport, PointResult, SkippedPoint
 from k3fasttrack.models.plan import Cell
-from k3fasttrack.perf import analysis, samepath
+from k3fasttrack.perf import analysis, headline, samepath
 from k3fasttrack.perf.agentic import generate_sessions, load_trace, measure_agentic
 from k3fasttrack.perf.bench import run_vllm_bench
 from k3fasttrack.perf.grid import SweepGrid, load_grid, resolve_grid_path
@@ -271,7 +271,8 @@ def _report(
     analysis.write_samples(ctx.bundle_dir / analysis.SAMPLES_FILE, samples)
     grouped = analysis.group(samples)
     stats: dict[str, Any] = {"alpha": 0.05, "practical": 0.03, "seed": grid.seed}
-    points = tuple(analysis.point_result(c, grouped, **stats) for c in results)
+    points = tuple(analysis.point_result(c, grouped, runner=ctx.profile.perf.runner, **stats)
+                   for c in results)
     agentic = tuple(analysis.agentic_result(c, grouped, **stats) for c in extra["agentic"])
     items = samepath.length_items(results)
     greedy = extra["eval_items"] or samepath.greedy_items_from_sweep(
@@ -284,16 +285,12 @@ def _report(
         samepath.greedy_check(greedy),
         _comparable_check(points),
         _regression_check(points),
+        headline.speed_baseline_check(points, ctx.profile.perf.runner),
     ]
     plots = write_plots(points, ctx.bundle_dir)
-    failed = [c for c in checks if c.outcome == "fail"]
-    reason = (
-        f"{len(failed)} check(s) failed: " + "; ".join(c.name for c in failed)
-        if failed
-        else f"{len(points)} point(s) measured, every check that ran passed"
-    )
+    status, reason = outcome(checks, points)
     return PerfReport(
-        status="FAIL" if failed else "PASS",
+        status=status,
         reason=reason,
         checks=tuple(checks),
         raw_files=_raw_files(results, extra["agentic"]) + plots + _evidence_files(extra),
@@ -306,6 +303,20 @@ def _report(
         practical=stats["practical"],
         **base,
     )
+
+
+def outcome(checks: list[Check], points: tuple[PointResult, ...]) -> tuple[TierStatus, str]:
+    """FAIL on a failed check; INCOMPLETE when the baseline is a numerical reference (the tier
+    exists to claim the candidate is at least as fast as a speed baseline; against a reference
+    it cannot make that claim, and a tier that cannot make its claim does not PASS, even though
+    its other checks passed); else PASS. The reason leads with the headline figures."""
+    lead = headline.tier_line(points)
+    failed = [c for c in checks if c.outcome == "fail"]
+    if failed:
+        return "FAIL", f"{len(failed)} check(s) failed: {'; '.join(c.name for c in failed)}; {lead}"
+    if any(c.name == headline.SPEED_BASELINE_CHECK and c.outcome == "not_run" for c in checks):
+        return "INCOMPLETE", f"{lead}; every other check that ran passed"
+    return "PASS", f"{lead}; every check that ran passed"
 
 
 def _raw_files(results: list[dict[str, Any]], agentic: list[dict[str, Any]]) -> tuple[str, ...]:
