@@ -8,7 +8,8 @@ choice vLLM itself falls back to on Hopper (``choices()`` lists every op: what v
 runs here, why). Paths below are inside vLLM 0.33.0's ``vllm/``.
 
 Per layer, in vLLM's decode order:
-- AttnRes + input norm: torch eager (vLLM: Triton ``_attn_res_kernel``, not in the pack).
+- AttnRes + input norm: the wheel's own Triton ``_attn_res_kernel``, loaded from its source file
+  (``triton_kernels``); torch eager when that file is not carried.
 - KDA (``models/kimi_k3/nvidia/kda.py`` ``forward``): under CUDA-graph capture at 1-2 tokens
   (``run_kda_projection_overlap``, ``_projection_overlap_max_tokens = max(KDA_QKVG_CONFIGS)``)
   the QKVG rows on the main stream and the F_A|beta rows then F_B on an aux stream; otherwise
@@ -50,6 +51,7 @@ from backend.k3_decode.executor.state import F8, KdaCache, MlaCache, StepInputs
 from backend.k3_decode.executor.torch_ops import TorchOps, rms, situ_glu
 from backend.k3_decode.executor.weights import DenseWeights, KdaWeights, MlaWeights, MoeWeights
 from backend.stock import ops as stock
+from backend.stock import triton_kernels
 
 NAME = "vllm_stock"
 
@@ -189,6 +191,16 @@ class VllmStockOps:
         self._cu_q: dict[tuple, torch.Tensor] = {}
         self._plan: dict[str, Any] | None = None
         self._gemms: dict[tuple[int, int, int], str] = {}
+        self._attn_res_mod: Any = None
+        try:  # the wheel's Triton AttnRes kernel, loaded from its source file
+            self._attn_res_mod = triton_kernels.load("attn_res", root)
+            shims = "; ".join(f"{k}: {v}" for k, v in triton_kernels.SHIMS.items())
+            self._attn_res_used = (
+                f"the wheel's Triton _attn_res_kernel ({triton_kernels.PY_FILES['attn_res']}, "
+                f"sha256 {triton_kernels.sha256('attn_res', root)[:16]}; shims: {shims})")
+        except (stock.StockUnavailable, ImportError) as exc:
+            self._attn_res_used = f"torch eager (fp32 math): the Triton kernel did not load: " \
+                                  f"{exc}"
 
     # ------------------------------------------------------------------ bookkeeping
     def _maybe_op(self, name: str) -> Any:
@@ -202,7 +214,11 @@ class VllmStockOps:
         """Every op: what vLLM 0.33.0 runs on Hopper, what runs here, why; then the Marlin
         experts' own choices, the fallbacks taken for ops missing from the wheel, and the GEMM
         backend picked per (N, K, tokens) in the steps run so far."""
-        out = [dict(c) for c in _FIXED_CHOICES]
+        loaded = self._attn_res_mod is not None
+        out = [dict(c) if c["op"] != "attn_res" else
+               {**c, "used": self._attn_res_used,
+                "why": "vLLM's own kernel on Hopper" if loaded else c["why"]}
+               for c in _FIXED_CHOICES]
         out += [{"op": f"moe.experts.{c.get('step', '?')}", "vllm_0_33": str(c.get("vllm_0_33")),
                  "used": str(c.get("used")), "why": str(c.get("why"))}
                 for c in self._marlin.CHOICES]
@@ -257,7 +273,13 @@ class VllmStockOps:
     def attn_res(self, prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
                  norm_w: torch.Tensor, proj_w: torch.Tensor, out_norm_w: torch.Tensor | None,
                  num_blocks: int, write_idx: int, out: torch.Tensor) -> torch.Tensor:
-        """AttnRes + the sublayer's input RMSNorm, torch eager (vLLM: a Triton kernel)."""
+        """AttnRes + the sublayer's input RMSNorm: the wheel's Triton kernel when it loaded,
+        else torch eager (recorded in ``choices()``)."""
+        if self._attn_res_mod is not None:
+            eps = self.cfg.rms_eps
+            return triton_kernels.attn_res(self._attn_res_mod, prefix, delta, blocks, norm_w,
+                                           proj_w, out_norm_w, num_blocks, write_idx, eps, eps,
+                                           out)
         return self._torch.attn_res(prefix, delta, blocks, norm_w, proj_w, out_norm_w,
                                     num_blocks, write_idx, out)
 

@@ -213,3 +213,57 @@ def test_stock_graph_replay_matches_eager_step() -> None:
     eager = Executor(stock.ops, stock.weights, pristine, max_tokens=2)
     want = eager.step(inp).double()
     assert float(_row_rel(got, want).max()) <= TOKEN_FLOOR
+
+
+def test_triton_file_missing_is_stock_unavailable_and_leaves_no_vllm_module(tmp_path) -> None:
+    import sys
+
+    from backend.stock import triton_kernels
+    from backend.stock.ops import StockUnavailable
+
+    triton_kernels._LOADED.pop("attn_res", None)
+    with pytest.raises(StockUnavailable, match="is missing"):
+        triton_kernels.load("attn_res", tmp_path)
+    assert not any(name == "vllm" or name.startswith("vllm.") for name in sys.modules)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 8])
+def test_wheel_triton_attn_res_matches_float64(tokens: int) -> None:
+    """The wheel's Triton AttnRes (loaded from its file, launched as its Hopper wrapper does)
+    against the float64 TorchOps AttnRes, every variant a decode step uses: with and without a
+    delta, a block write, the output norm; the updated prefix and written block too."""
+    _stock_or_skip()
+    from backend.stock import triton_kernels
+
+    try:
+        mod = triton_kernels.load("attn_res")
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"the wheel's Triton file is not carried: {exc}")
+    cfg = k3_config(8)
+    h, nb = cfg.hidden, 6
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, device="cuda") * scale).to(torch.bfloat16)
+
+    ref_ops = TorchOps(cfg, torch.float64)
+    for delta_on, write, norm_on, blocks_used in [(True, -1, True, 3), (False, 2, True, 2),
+                                                  (True, 4, False, 4), (True, -1, True, 0)]:
+        prefix, blocks = rnd(tokens, h), rnd(tokens, nb, h)
+        delta = rnd(tokens, h) if delta_on else None
+        norm_w, proj_w, out_w = rnd(h, scale=0.1) + 1, rnd(h, scale=0.05), rnd(h, scale=0.1) + 1
+        out_norm = out_w if norm_on else None
+        p_ref, b_ref = prefix.double(), blocks.double()
+        want = ref_ops.attn_res(p_ref, None if delta is None else delta.double(), b_ref,
+                                norm_w, proj_w, out_norm, blocks_used, write,
+                                torch.empty(tokens, h, dtype=torch.float64, device="cuda"))
+        out = torch.full((tokens, h), float("nan"), dtype=torch.bfloat16, device="cuda")
+        triton_kernels.attn_res(mod, prefix, delta, blocks, norm_w, proj_w, out_norm,
+                                blocks_used, write, cfg.rms_eps, cfg.rms_eps, out)
+        torch.cuda.synchronize()
+        for got, ref, what in ((out, want, "output"), (prefix, p_ref, "prefix")):
+            err = float((got.double() - ref).abs().max() / ref.abs().max())
+            assert err < 2e-2, (what, delta_on, write, norm_on, blocks_used, err)
+        if write >= 0:
+            assert torch.equal(blocks[:, write], prefix), "the written block is the new prefix"
