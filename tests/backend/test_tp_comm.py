@@ -55,6 +55,7 @@ def test_shard_refuses_an_indivisible_split() -> None:
         layer.shard(torch.zeros(4, 8), 0, 3, dim=1)
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(30)
 def test_stalled_peer_fails_every_rank_with_one_clear_timeout(tmp_path: Path) -> None:
     world, late = 3, 2

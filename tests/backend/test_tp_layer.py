@@ -19,7 +19,10 @@ from backend.k3_decode.tp import check, dcp, layer
 
 WORLDS = (1, 2, 4)
 REL_TOL = 1e-12  # float64 math; only the order of the partial sums differs from the reference
-SPAWN_DEADLINE_S = 18.0
+# Generous bounds: CI runs this suite at the lowest CPU priority beside busy vLLM servers, where
+# 4 gloo ranks may wait long for a core; the bounds only turn a hang into a failure.
+SPAWN_DEADLINE_S = 150.0
+COLLECTIVE_TIMEOUT_S = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +45,13 @@ def _rank_outputs(world: int, case: dict[str, Any], tmp: Path) -> list[dict[str,
     if world not in _RUNS:
         case_path = tmp / "case.pt"
         torch.save(case, case_path)
-        check.spawn_ranks(check.check_entry, world, (str(case_path), str(tmp), 10.0),
+        check.spawn_ranks(check.check_entry, world, (str(case_path), str(tmp), COLLECTIVE_TIMEOUT_S),
                           SPAWN_DEADLINE_S)
         _RUNS[world] = [torch.load(tmp / f"rank{r}.pt") for r in range(world)]
     return _RUNS[world]
 
 
-@pytest.mark.timeout(40)
+@pytest.mark.timeout(200)
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("name", check.CASES)
 def test_tp_case_matches_single_process_reference(
