@@ -34,7 +34,10 @@ experts per MoE layer, default 224: 896 experts x 92 MoE layers are 2.2 MB x 82k
 MXFP4 at TP8, more than one H200's 139 GiB, twice that with the baseline's Marlin copy),
 ``K3FT_HARNESS_SIDE_STREAM`` (router on a side stream beside the front projection, default 1: it
 saved 8 us per KDA + MoE layer at batch 1 and 39 us at batch 8 on the H200,
-backend/k3_decode/ops/router/NOTES.md), ``K3FT_HARNESS_SEED`` (weights, default 0); the
+backend/k3_decode/ops/router/NOTES.md), ``K3FT_HARNESS_SEED`` (weights, default 0),
+``K3FT_HARNESS_AGREEMENT_STEPS`` (default 8; 0: off: at pure-decode points up to
+``AGREEMENT_MAX_CONTEXT``, both executors against the float64 reference on the reference's
+greedy tokens, ``perf/evidence/<point>/agreement.json``); the
 candidate's kernel choices are ``DecodeSettings.from_env()`` (``K3_DECODE_<FIELD>`` overrides).
 
 Memory at the defaults (TP8 shard, 93 layers, 224 experts, both sides): attention weights 9.8 GB,
@@ -47,6 +50,7 @@ the two sides' caches (per side at 8 requests x 32k: KDA state 69 layers x 9 slo
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import hashlib
 import json
@@ -100,6 +104,7 @@ def settings() -> dict[str, Any]:
             "experts": int(os.environ.get("K3FT_HARNESS_EXPERTS", "224")),
             "seed": int(os.environ.get("K3FT_HARNESS_SEED", "0")),
             "shard_tp": int(os.environ.get("K3FT_HARNESS_SHARD_TP", "8")),
+            "agreement_steps": int(os.environ.get("K3FT_HARNESS_AGREEMENT_STEPS", "8")),
         }
     except ValueError as exc:
         raise UsageError(f"K3FT_HARNESS_*: {exc}") from None
@@ -315,3 +320,61 @@ def run_points(point: HarnessPoint) -> Iterator[HarnessRepeat]:
             )
     for side in (base, cand):
         side.writer.close()
+    steps = s["agreement_steps"]
+    if steps and p.draft_len == 0 and p.input_len <= AGREEMENT_MAX_CONTEXT:
+        del base, cand
+        _agreement(point, s, weights, steps, evid / "agreement.json")
+
+
+AGREEMENT_MAX_CONTEXT = 4096
+"""Agreement runs at pure-decode points up to this context: three executors' caches beside the
+whole model's weights must fit the GPU."""
+
+
+def _agreement(point: HarnessPoint, s: dict[str, Any], weights: Any, steps: int,
+               path: Path) -> None:
+    """Both executors against the float64 reference on the same tokens (``executor.agreement``):
+    ``steps`` greedy steps of the reference from the point's first inputs, fed to all three;
+    written to ``path`` in the point's evidence folder (part of the signed bundle)."""
+    from backend.k3_decode.config import k3_config
+    from backend.k3_decode.executor import agreement as A
+    from backend.k3_decode.executor.kernel_ops import KernelOps
+    from backend.k3_decode.executor.runner import Executor
+    from backend.k3_decode.executor.state import blocks_needed, make_caches, synthetic_step
+    from backend.k3_decode.executor.torch_ops import TorchOps
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    p = point.params
+    cfg = k3_config(s["shard_tp"])
+    ctx, last = p.input_len, p.input_len + steps - 1
+    vocab = weights.lm_head.shape[0]
+    layers = [(layer.index, layer.kind) for layer in weights.layers]
+    caches = make_caches(cfg, layers, slots=1 + p.batch, num_blocks=blocks_needed(p.batch, last),
+                         seed=point.seed, device="cuda")
+    first = synthetic_step(p.batch, 1, ctx, vocab=vocab, seed=point.seed, device="cuda")
+
+    def advance(_: Any, tokens: torch.Tensor, k: int) -> Any:
+        nxt = synthetic_step(p.batch, 1, ctx + k, vocab=vocab, seed=point.seed, device="cuda")
+        nxt.token_ids.copy_(tokens.to(nxt.token_ids.device, nxt.token_ids.dtype))
+        return nxt
+
+    execs = {
+        s["baseline"]: Executor(baseline_ops(s["baseline"], cfg, last), weights, caches.clone(),
+                                max_tokens=p.batch),
+        CANDIDATE: Executor(KernelOps(cfg, decode_settings(), max_context=last), weights,
+                            caches.clone(), max_tokens=p.batch),
+    }
+    ref = Executor(TorchOps(cfg, torch.float64), weights, caches, max_tokens=p.batch,
+                   dtype=torch.float64)
+    ref_logits, logits = A.teacher_forced({n: e.step for n, e in execs.items()}, ref.step, first,
+                                          advance, steps)
+    out = {"reference": "torch_ops in float64 (TorchOps(cfg, torch.float64)), greedy",
+           "steps": steps, "requests": p.batch, "context": ctx,
+           "vocabulary": f"one TP{s['shard_tp']} rank's LM-head shard ({vocab} tokens)",
+           "executors": {}}
+    for name, got in logits.items():
+        rows = A.compare(ref_logits, got)
+        out["executors"][name] = {"summary": A.summary(rows),
+                                  "requests": [dataclasses.asdict(r) for r in rows]}
+    path.write_text(json.dumps(out, indent=1) + "\n")
