@@ -323,7 +323,11 @@ def run_points(point: HarnessPoint) -> Iterator[HarnessRepeat]:
     steps = s["agreement_steps"]
     if steps and p.draft_len == 0 and p.input_len <= AGREEMENT_MAX_CONTEXT:
         del base, cand
-        _agreement(point, s, weights, steps, evid / "agreement.json")
+        path = evid / "agreement.json"
+        try:
+            _agreement(point, s, weights, steps, path)
+        except Exception as exc:  # noqa: BLE001 - recorded, not raised: the timing stands alone
+            path.write_text(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
 
 
 AGREEMENT_MAX_CONTEXT = 4096
@@ -352,10 +356,18 @@ def _agreement(point: HarnessPoint, s: dict[str, Any], weights: Any, steps: int,
     layers = [(layer.index, layer.kind) for layer in weights.layers]
     caches = make_caches(cfg, layers, slots=1 + p.batch, num_blocks=blocks_needed(p.batch, last),
                          seed=point.seed, device="cuda")
-    first = synthetic_step(p.batch, 1, ctx, vocab=vocab, seed=point.seed, device="cuda")
+
+    def step_at(context: int) -> Any:
+        """Step inputs at ``context`` whose block table covers the last step's context."""
+        inp = synthetic_step(p.batch, 1, last, vocab=vocab, seed=point.seed, device="cuda")
+        inp.seq_lens.fill_(context)
+        inp.positions.fill_(context - 1)
+        return inp
+
+    first = step_at(ctx)
 
     def advance(_: Any, tokens: torch.Tensor, k: int) -> Any:
-        nxt = synthetic_step(p.batch, 1, ctx + k, vocab=vocab, seed=point.seed, device="cuda")
+        nxt = step_at(ctx + k)
         nxt.token_ids.copy_(tokens.to(nxt.token_ids.device, nxt.token_ids.dtype))
         return nxt
 
