@@ -19,8 +19,8 @@ from backend.k3_decode.tp import check, dcp, layer
 
 WORLDS = (1, 2, 4)
 REL_TOL = 1e-12  # float64 math; only the order of the partial sums differs from the reference
-# Generous bounds: CI runs this suite at the lowest CPU priority beside busy vLLM servers, where
-# 4 gloo ranks may wait long for a core; the bounds only turn a hang into a failure.
+# Generous bounds: 4 gloo ranks may wait long for a core on a loaded 2-core machine; the bounds
+# only turn a hang into a failure.
 SPAWN_DEADLINE_S = 150.0
 COLLECTIVE_TIMEOUT_S = 60.0
 
