@@ -322,7 +322,7 @@ def run_points(point: HarnessPoint) -> Iterator[HarnessRepeat]:
         side.writer.close()
     steps = s["agreement_steps"]
     if steps and p.draft_len == 0 and p.input_len <= AGREEMENT_MAX_CONTEXT:
-        del base, cand
+        del base, cand, side  # their graphs, workspaces and caches go before three more
         path = evid / "agreement.json"
         try:
             _agreement(point, s, weights, steps, path)
@@ -381,7 +381,9 @@ def _agreement(point: HarnessPoint, s: dict[str, Any], weights: Any, steps: int,
                    dtype=torch.float64)
     ref_logits, logits = A.teacher_forced({n: e.step for n, e in execs.items()}, ref.step, first,
                                           advance, steps)
-    out = {"reference": "torch_ops in float64 (TorchOps(cfg, torch.float64)), greedy",
+    out = {"reference": "TorchOps(cfg, torch.float64): float64 arithmetic over the same caches "
+                        "as the executors (fp8 MLA rows, fp32 KDA state, bf16 conv state), "
+                        "greedy; eager steps (the timed graphs replay the same kernels)",
            "steps": steps, "requests": p.batch, "context": ctx,
            "vocabulary": f"one TP{s['shard_tp']} rank's LM-head shard ({vocab} tokens)",
            "executors": {}}

@@ -65,7 +65,8 @@ def _run(point: HarnessPoint, candidate_specialized: bool) -> Iterator[HarnessRe
             yield HarnessRepeat(side=side, repeat=k, metrics={"tpot_ms_median": tpot},
                                 output_lens=(p.output_len,) * p.batch, concurrency_reached=p.batch,
                                 prompts_sha256="s", mean_input_tokens=float(p.input_len),
-                                server_config_sha256="c", evidence=tuple(evidence))
+                                server_config_sha256="c", evidence=tuple(evidence),
+                                executor="vllm_stock" if side == "baseline" else "k3ft_hopper")
     for w in writers.values():
         w.close()
 

@@ -51,6 +51,7 @@ def _harness(point: HarnessPoint, truncate: int = 0) -> Iterator[HarnessRepeat]:
                 concurrency_reached=b,
                 prompts_sha256=f"{point.seed + k}",
                 mean_input_tokens=1024.0,
+                executor="vllm_stock" if side == "baseline" else "k3ft_hopper",
             )
 
 

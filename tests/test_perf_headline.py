@@ -71,6 +71,17 @@ def reference_harness(point: HarnessPoint) -> Iterator[HarnessRepeat]:
     return _run(point, "torch_ops")
 
 
+def unknown_harness(point: HarnessPoint) -> Iterator[HarnessRepeat]:
+    """Baseline: an executor that is not on the speed-baseline allow-list."""
+    return _run(point, "vllm_stock_but_faster")
+
+
+def unnamed_harness(point: HarnessPoint) -> Iterator[HarnessRepeat]:
+    """Baseline: no executor name at all (as an older or stripped bundle)."""
+    for rep in _run(point, "vllm_stock"):
+        yield rep.model_copy(update={"executor": None}) if rep.side == "baseline" else rep
+
+
 def bad_floor_harness(point: HarnessPoint) -> Iterator[HarnessRepeat]:
     """States a floor that is not its bytes over its copy ceiling."""
     return _run(point, "vllm_stock", bad_floor=True)
@@ -249,3 +260,17 @@ def test_sweep_render_leads_with_the_headline_and_claims_nothing_against_a_refer
     text = render(ref)
     assert "numerical reference, not a speed baseline" in text
     assert " x" not in text.split("\n", 1)[1].split("check ")[0]  # no speedup on any point
+
+
+@pytest.mark.parametrize("harness, name", [("unknown_harness", "vllm_stock_but_faster"),
+                                           ("unnamed_harness", "an unnamed executor")])
+def test_only_an_allowed_speed_baseline_carries_a_ratio(tmp_path: Path, harness: str,
+                                                        name: str) -> None:
+    """A baseline that is not vllm_stock, or names nothing, makes no speed claim: no ratio, the
+    tier INCOMPLETE, and verify's restatus agrees."""
+    report, out = _sweep(tmp_path, harness)
+    assert report.status == "INCOMPLETE" and f"baseline {name}" in report.reason
+    assert "not a speed baseline (allowed: vllm_stock)" in report.reason
+    assert all(p.headline is not None and p.headline.ratio is None for p in report.points)
+    assert SPEC.recompute(report, out) == []
+    assert SPEC.restatus(report, out)[0] == "INCOMPLETE"

@@ -3,13 +3,16 @@
 The baseline executor of the perf harness ("vllm_stock"). It implements ``executor.model.Ops``
 with the kernels stock vLLM 0.33.0 runs on an H200 for Kimi K3 decode at one TP8 rank
 (collectives skipped: one GPU), loaded from the pack (``backend.stock.ops``) and the Marlin MXFP4
-experts (``backend.stock.marlin_moe``). Where a vLLM piece is not in the pack, the stand-in is the
-choice vLLM itself falls back to on Hopper (``choices()`` lists every op: what vLLM runs, what
-runs here, why). Paths below are inside vLLM 0.33.0's ``vllm/``.
+experts (``backend.stock.marlin_moe``). Where a vLLM piece is not carried, a stand-in runs: the
+fallback vLLM's own code has for it, which is slower than what an install of vLLM 0.33.0 runs
+(its CuTe-DSL GEMMs, Humming and the fused MLA norm / gate are dependencies it installs), so
+every stand-in makes this baseline slower than stock, never faster; ``choices()`` lists every op
+(what vLLM runs, what runs here, why; stand-ins say STAND-IN). Paths below are inside vLLM
+0.33.0's ``vllm/``.
 
 Per layer, in vLLM's decode order:
 - AttnRes + input norm: the wheel's own Triton ``_attn_res_kernel``, loaded from its source file
-  (``triton_kernels``); torch eager when that file is not carried.
+  (``triton_kernels``); without that file the ops refuse to build (``StockUnavailable``).
 - KDA (``models/kimi_k3/nvidia/kda.py`` ``forward``): under CUDA-graph capture at 1-2 tokens
   (``run_kda_projection_overlap``, ``_projection_overlap_max_tokens = max(KDA_QKVG_CONFIGS)``)
   the QKVG rows on the main stream and the F_A|beta rows then F_B on an aux stream; otherwise
@@ -31,8 +34,8 @@ Per layer, in vLLM's decode order:
   weight (``torch.mm``), + shared.
 - bf16 projections: vLLM's H200 table ``KIMI_K3_PROJECTIONS_SM90`` (``low_latency_gemm.py``):
   ``_C.dsv3_fused_a_gemm`` where it picks dsv3 for the shape and token count; where it picks its
-  CuTe-DSL skinny GEMM (not in the pack) or has no entry, cuBLAS through ``torch.mm``, which is
-  what ``_run_plan`` falls back to when the CuTe kernel is unavailable.
+  CuTe-DSL skinny GEMM (not carried) or has no entry, cuBLAS through ``torch.mm`` (what
+  ``_run_plan`` falls back to without cutlass; a vLLM install has cutlass: a STAND-IN).
 
 Weight preparation (the Marlin repack of each layer's experts, the reciprocal cache scales) is
 made once per layer on the first (eager) step and cached; a step allocates only through torch,
@@ -80,20 +83,24 @@ MLA_GATE_STREAM_MAX_TOKENS = 511  # mla.py: tokens < _GATE_MULTI_STREAM_TOKEN_TH
 DOWN_PROJ_STREAM_MAX_TOKENS = 256  # model.py: _ROUTED_DOWN_PROJ_STREAM_TOKEN_THRESHOLD
 SHARED_STREAM_MAX_TOKENS = 256  # envs: VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD
 
+CUTE_STAND_IN = ("STAND-IN, slower than stock where vLLM's table picks CuTe: its CuTe-DSL skinny "
+                 "GEMMs are not carried (vLLM 0.33.0 requires nvidia-cutlass-dsl, so an install "
+                 "runs them; cuBLAS is only its fallback without cutlass)")
+"""Why a CuTe-DSL GEMM of vLLM's runs as cuBLAS here: it makes stock slower, not faster."""
+
 _FIXED_CHOICES: list[dict[str, str]] = [
     {"op": "embed", "vllm_0_33": "_C.vocab_parallel_embedding (TP>1 fused gather)",
      "used": "_C.vocab_parallel_embedding when registered, else torch index_select",
      "why": "the shard owns ids [0, V_shard); its all-reduce is skipped (one GPU)"},
     {"op": "attn_res", "vllm_0_33": "Triton _attn_res_kernel (models/kimi_k3/nvidia/ops/"
-     "attn_res.py; the native op is SM100 only)", "used": "torch eager (fp32 math)",
-     "why": "Triton kernels are not in the pack; vLLM's next choice for a Triton piece is eager"},
+     "attn_res.py; the native op is SM100 only)", "used": "the same kernel (set at load)",
+     "why": "vLLM's own kernel on Hopper"},
     {"op": "kda.projection", "vllm_0_33": "1-2 tokens under capture: QKVG CuTe skinny GEMM (main) "
      "|| F_A|beta CuTe skinny + F_B dsv3 at 1 token / kda_skinny_gemm at 2 (aux stream); else "
      "in_proj_qkvgfab per KIMI_K3_PROJECTIONS_SM90 (CuTe at 1-3, cuBLAS after) + F_B (dsv3 at "
      "1-8)", "used": "same streams and order; CuTe pieces -> torch.mm (cuBLAS); F_B -> "
      "_C.dsv3_fused_a_gemm at 1-8 tokens, cuBLAS above",
-     "why": "vLLM's CuTe-DSL skinny GEMMs are not in the pack; cuBLAS is what _run_plan and "
-     "run_kda_projection_overlap fall back to"},
+     "why": CUTE_STAND_IN},
     {"op": "kda.core", "vllm_0_33": "_C.fused_kda_decode (one token per request); verify: "
      "Triton causal_conv1d_update + fused_recurrent_kda + FusedRMSNormGated",
      "used": "_C.fused_kda_decode at q=1; at q>1 TorchOps' KDA sublayer (fla recurrence when "
@@ -101,36 +108,37 @@ _FIXED_CHOICES: list[dict[str, str]] = [
     {"op": "mla.projections", "vllm_0_33": "q_a|kv_a (2112x7168) main || gate (1536x7168) aux "
      "stream; q_b (2304x1536); per KIMI_K3_PROJECTIONS_SM90", "used": "same split and streams; "
      "dsv3 where the table picks it, torch.mm (cuBLAS) where it picks CuTe or nothing",
-     "why": "CuTe-DSL skinny GEMM not in the pack"},
+     "why": CUTE_STAND_IN},
     {"op": "mla.qkv_norm", "vllm_0_33": "Triton FusedQKVRMSNormKernel", "used": "torch eager",
-     "why": "Triton kernels are not in the pack"},
+     "why": "STAND-IN, slower than stock: that Triton file is not carried yet"},
     {"op": "mla.attention", "vllm_0_33": "bmm W_UK, _C.fused_kimi_k3_mla_decode_q_concat_kv_cache"
      "[_fp8]_insert, FLASHMLA fwd_kvcache_mla_fp8 (fp8 cache) / FLASH_ATTN_MLA FA3 (bf16), bmm "
      "W_UV", "used": "the same kernels; plan + slot mapping once per step inside the step",
      "why": "vLLM builds them in the attention metadata builder before the graph replays"},
-    {"op": "mla.gate", "vllm_0_33": "attn_out * gate.sigmoid() (eager: K3 runs without "
-     "Inductor)", "used": "torch eager sigmoid + mul", "why": "same"},
+    {"op": "mla.gate", "vllm_0_33": "_gate_sigmoid_mul: attn_out * gate.sigmoid() under "
+     "torch.compile (Inductor: one fused kernel)", "used": "torch eager sigmoid + mul",
+     "why": "STAND-IN, slower than stock: Inductor is not run here"},
     {"op": "moe.router", "vllm_0_33": "GateLinear tier 1: CuTe-DSL ll_bf16_gemm (fp32 out), on "
      "the main stream beside the latent down projection on the aux stream; _moe_C.grouped_topk",
      "used": "torch.mm(x, W.T, out_dtype=float32) (GateLinear tier 6, cuBLAS) beside the down "
-     "projection; _moe_C.grouped_topk", "why": "ll_bf16_gemm is CuTe DSL, not in the pack"},
+     "projection; _moe_C.grouped_topk", "why": CUTE_STAND_IN},
     {"op": "moe.latent_down", "vllm_0_33": "ReplicatedLinear 3584x7168 (CuTe at 1-3 tokens, "
      "cuBLAS after), whole on every rank", "used": "torch.mm (cuBLAS), whole",
-     "why": "CuTe-DSL skinny GEMM not in the pack"},
+     "why": CUTE_STAND_IN},
     {"op": "moe.shared", "vllm_0_33": "aux stream beside the routed experts: gate_up (CuTe 1-6 / "
      "dsv3 7-16), _C.situ_and_mul, down (CuTe 1-2 / cuBLAS)", "used": "aux stream; dsv3 where "
      "the table picks it, else torch.mm; _C.situ_and_mul when registered, else torch eager",
-     "why": "CuTe-DSL skinny GEMM not in the pack"},
+     "why": CUTE_STAND_IN},
     {"op": "moe.tail", "vllm_0_33": "_overlap_allreduce_tail: fused all-reduce + RMSNorm of the "
      "latent, torch.mm with the replicated up weight, shared all-reduce on the aux stream, add",
      "used": "_C.rms_norm when registered (else torch eager), torch.mm (whole up weight), add",
      "why": "one GPU: the collectives are skipped, the bytes read stay vLLM's"},
     {"op": "dense", "vllm_0_33": "KimiMLP: gate_up (cuBLAS), _C.situ_and_mul, down (CuTe 1-2 / "
      "cuBLAS)", "used": "torch.mm; _C.situ_and_mul when registered, else torch eager",
-     "why": "CuTe-DSL skinny GEMM not in the pack"},
+     "why": CUTE_STAND_IN},
     {"op": "logits", "vllm_0_33": "ParallelLMHead 20480x7168 (CuTe 1-3, cuBLAS after), bf16 "
      "logits, then fp32", "used": "torch.mm (cuBLAS) bf16, cast into the fp32 logits buffer",
-     "why": "CuTe-DSL skinny GEMM not in the pack"},
+     "why": CUTE_STAND_IN},
 ]
 
 
@@ -191,16 +199,14 @@ class VllmStockOps:
         self._cu_q: dict[tuple, torch.Tensor] = {}
         self._plan: dict[str, Any] | None = None
         self._gemms: dict[tuple[int, int, int], str] = {}
-        self._attn_res_mod: Any = None
-        try:  # the wheel's Triton AttnRes kernel, loaded from its source file
-            self._attn_res_mod = triton_kernels.load("attn_res", root)
-            shims = "; ".join(f"{k}: {v}" for k, v in triton_kernels.SHIMS.items())
-            self._attn_res_used = (
-                f"the wheel's Triton _attn_res_kernel ({triton_kernels.PY_FILES['attn_res']}, "
-                f"sha256 {triton_kernels.sha256('attn_res', root)[:16]}; shims: {shims})")
-        except (stock.StockUnavailable, ImportError) as exc:
-            self._attn_res_used = f"torch eager (fp32 math): the Triton kernel did not load: " \
-                                  f"{exc}"
+        # vLLM's own Triton AttnRes, from the wheel's source file; without it the baseline
+        # would not be vLLM's (an eager stand-in costs stock several ms per step), so a missing
+        # file is StockUnavailable like a missing library
+        self._attn_res_mod = triton_kernels.load("attn_res", root)
+        shims = "; ".join(f"{k}: {v}" for k, v in triton_kernels.SHIMS.items())
+        self._attn_res_used = (
+            f"the wheel's Triton _attn_res_kernel ({triton_kernels.PY_FILES['attn_res']}, "
+            f"sha256 {triton_kernels.sha256('attn_res', root)[:16]}; shims: {shims})")
 
     # ------------------------------------------------------------------ bookkeeping
     def _maybe_op(self, name: str) -> Any:
@@ -214,10 +220,8 @@ class VllmStockOps:
         """Every op: what vLLM 0.33.0 runs on Hopper, what runs here, why; then the Marlin
         experts' own choices, the fallbacks taken for ops missing from the wheel, and the GEMM
         backend picked per (N, K, tokens) in the steps run so far."""
-        loaded = self._attn_res_mod is not None
         out = [dict(c) if c["op"] != "attn_res" else
-               {**c, "used": self._attn_res_used,
-                "why": "vLLM's own kernel on Hopper" if loaded else c["why"]}
+               {**c, "used": self._attn_res_used, "why": "vLLM's own kernel on Hopper"}
                for c in _FIXED_CHOICES]
         out += [{"op": f"moe.experts.{c.get('step', '?')}", "vllm_0_33": str(c.get("vllm_0_33")),
                  "used": str(c.get("used")), "why": str(c.get("why"))}
@@ -273,15 +277,10 @@ class VllmStockOps:
     def attn_res(self, prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
                  norm_w: torch.Tensor, proj_w: torch.Tensor, out_norm_w: torch.Tensor | None,
                  num_blocks: int, write_idx: int, out: torch.Tensor) -> torch.Tensor:
-        """AttnRes + the sublayer's input RMSNorm: the wheel's Triton kernel when it loaded,
-        else torch eager (recorded in ``choices()``)."""
-        if self._attn_res_mod is not None:
-            eps = self.cfg.rms_eps
-            return triton_kernels.attn_res(self._attn_res_mod, prefix, delta, blocks, norm_w,
-                                           proj_w, out_norm_w, num_blocks, write_idx, eps, eps,
-                                           out)
-        return self._torch.attn_res(prefix, delta, blocks, norm_w, proj_w, out_norm_w,
-                                    num_blocks, write_idx, out)
+        """AttnRes + the sublayer's input RMSNorm: the wheel's Triton kernel."""
+        eps = self.cfg.rms_eps
+        return triton_kernels.attn_res(self._attn_res_mod, prefix, delta, blocks, norm_w,
+                                       proj_w, out_norm_w, num_blocks, write_idx, eps, eps, out)
 
     def kda(self, w: KdaWeights, h: torch.Tensor, cache: KdaCache, inp: StepInputs,
             out: torch.Tensor) -> torch.Tensor:

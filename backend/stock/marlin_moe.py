@@ -1,9 +1,10 @@
 """Stock routed MXFP4 experts on Hopper: vLLM 0.33.0's Marlin MoE path, from the pack's kernels.
 
-On SM90 vLLM 0.33.0 runs K3's MXFP4 experts through Humming when that JIT package is installed
-(not in the pack) and otherwise through Marlin (``fused_moe/oracle/mxfp4.py``:
-``_get_priority_backends``, ``prioritize_humming``). This module is the Marlin path, as
-``fused_moe/experts/marlin_moe.py::MarlinExperts`` runs it without expert parallelism:
+On SM90 vLLM 0.33.0 runs K3's MXFP4 experts through Humming (``humming-kernels``, a dependency
+a vLLM install brings; not carried here: a STAND-IN) and otherwise through Marlin
+(``fused_moe/oracle/mxfp4.py``: ``_get_priority_backends``, ``prioritize_humming``). This module
+is the Marlin path, as ``fused_moe/experts/marlin_moe.py::MarlinExperts`` runs it without
+expert parallelism:
 
 1. once per layer (``prepare_marlin_experts``, after ``quantization/utils/marlin_utils_fp4.py::
    prepare_moe_mxfp4_layer_for_marlin``): each expert's packed E2M1 weight ``[N, K/2]`` uint8 is

@@ -33,7 +33,8 @@ def _parse_case(text: str) -> tuple[int, int, int]:
         reqs, q = shape.split("x")
         return int(reqs), int(q), int(ctx)
     except ValueError:
-        raise SystemExit(f"logits_equal: error: case {text!r} is not RxQ@C (e.g. 8x1@1024)") from None
+        raise SystemExit(
+            f"logits_equal: error: case {text!r} is not RxQ@C (e.g. 8x1@1024)") from None
 
 
 def _kernel_ops(cfg, max_context: int):
@@ -104,7 +105,8 @@ def compare(args: argparse.Namespace) -> int:
     for case in sorted(set(a["cases"]) & set(b["cases"])):
         for k, (x, y) in enumerate(zip(a["cases"][case], b["cases"][case], strict=True)):
             same = x.shape == y.shape and torch.equal(x.view(torch.int32), y.view(torch.int32))
-            diff = 0.0 if same else float((x - y).abs().max()) if x.shape == y.shape else float("nan")
+            comparable = x.shape == y.shape
+            diff = 0.0 if same else float((x - y).abs().max()) if comparable else float("nan")
             flips = int((x.argmax(-1) != y.argmax(-1)).sum()) if x.shape == y.shape else -1
             ok &= same
             print(f"| {case} | {k} | {'yes' if same else 'NO'} | {diff:.3g} | {flips} |")

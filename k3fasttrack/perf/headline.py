@@ -35,6 +35,11 @@ NUMERICAL_REFERENCES: Mapping[str, str] = {
     "torch_ops": "the plain-PyTorch executor the kernels are checked against",
 }
 """Executors that exist to give the right numbers, not to be fast: never a speed baseline."""
+SPEED_BASELINES: Mapping[str, str] = {
+    "vllm_stock": "vLLM 0.33.0's own kernels from the released wheel (backend/stock)",
+}
+"""The only harness baselines a speedup may be claimed against; any other name, or none, makes
+the point's ratio no claim (the tier cannot PASS on it)."""
 SPEED_BASELINE_CHECK = "speed_baseline"
 VLLM_BENCH_BASELINE = "the same vLLM server without the profile's switch"
 UNNAMED_BASELINE = "an unnamed executor (the harness recorded none)"
@@ -42,9 +47,13 @@ _RAW = re.compile(r"perf/raw/(?P<point>[^/]+)/(?P<side>baseline|candidate)-r(?P<
 
 
 def reference_note(executor: str) -> str:
-    """The sentence a point against a numerical reference carries instead of a speedup."""
-    return (f"baseline {executor} is the numerical reference, not a speed baseline: "
-            "no speedup claim")
+    """The sentence a point against a baseline that is no speed baseline carries instead of a
+    speedup: a numerical reference, an unknown executor, or none named."""
+    if executor in NUMERICAL_REFERENCES:
+        return (f"baseline {executor} is the numerical reference, not a speed baseline: "
+                "no speedup claim")
+    return (f"baseline {executor} is not a speed baseline (allowed: "
+            f"{', '.join(SPEED_BASELINES)}): no speedup claim")
 
 
 def point_headline(
@@ -69,7 +78,7 @@ def point_headline(
         baseline = base_exec or UNNAMED_BASELINE
     else:
         baseline = VLLM_BENCH_BASELINE
-    speed = base_exec not in NUMERICAL_REFERENCES
+    speed = base_exec in SPEED_BASELINES if harness else True
     ratio = lo = hi = None
     if speed and cmp.ratio is not None and cmp.ratio > 0:
         ratio = 1.0 / cmp.ratio
@@ -94,24 +103,22 @@ def tpot_comparison(point: PointResult) -> MetricComparison | None:
 
 
 def speed_baseline_check(points: Sequence[PointResult], runner: str) -> Check:
-    """``pass``: every point is measured against a speed baseline (named); ``not_run``: some
-    point's baseline is a numerical reference, so the tier makes no speed claim;
-    ``needs_review``: a harness point names no baseline executor."""
+    """``pass``: every point is measured against a speed baseline (``SPEED_BASELINES``, named in
+    the raw repeats); ``not_run``: some point's baseline is a numerical reference, another
+    executor, or unnamed, so the tier makes no speed claim."""
     if runner != "harness":
         return Check(name=SPEED_BASELINE_CHECK, outcome="pass",
                      reason=f"baseline: {VLLM_BENCH_BASELINE}")
     heads = [p.headline for p in points if p.headline is not None]
-    refs = sorted({h.baseline_executor for h in heads if not h.speed_baseline
-                   and h.baseline_executor})
+    if not heads:
+        return Check(name=SPEED_BASELINE_CHECK, outcome="not_run",
+                     reason=f"{len(points)} point(s) without a headline: no speedup claim")
+    refs = sorted({h.baseline_executor or UNNAMED_BASELINE for h in heads
+                   if not h.speed_baseline})
     if refs:
         n = sum(1 for h in heads if not h.speed_baseline)
         return Check(name=SPEED_BASELINE_CHECK, outcome="not_run",
-                     reason=f"{reference_note(', '.join(refs))} ({n} point(s))")
-    unnamed = sum(1 for h in heads if h.baseline_executor is None)
-    if unnamed or not heads:
-        return Check(name=SPEED_BASELINE_CHECK, outcome="needs_review",
-                     reason=f"{unnamed or len(points)} point(s) name no baseline executor: the "
-                     "ratio is against an unnamed baseline")
+                     reason=f"{'; '.join(reference_note(r) for r in refs)} ({n} point(s))")
     names = ", ".join(sorted({h.baseline for h in heads}))
     return Check(name=SPEED_BASELINE_CHECK, outcome="pass", reason=f"baseline {names} at "
                  f"every one of {len(heads)} point(s)")
@@ -136,9 +143,10 @@ def tier_line(points: Sequence[PointResult]) -> str:
              f"{len(heads)} point(s)"]
     if any(h.candidate_floor_fraction is not None for h in heads):
         parts.append(f"{_span((h.candidate_floor_fraction for h in heads), '.2f')} of the floor")
-    refs = sorted({h.baseline_executor or "" for h in heads if not h.speed_baseline})
+    refs = sorted({h.baseline_executor or UNNAMED_BASELINE for h in heads
+                   if not h.speed_baseline})
     if refs:
-        parts.insert(0, reference_note(", ".join(refs)))
+        parts.insert(0, "; ".join(reference_note(r) for r in refs))
     else:
         against = ", ".join(sorted({h.baseline for h in heads}))
         parts.append(f"baseline/candidate {_span((h.ratio for h in heads), '.3g')}x vs {against}")

@@ -135,8 +135,10 @@ def perf_lead(r: dict[str, Any]) -> list[str]:
     out = [f"**{what}** of the {_c(who)} (median of repeats); baseline: "
            f"{_c(', '.join(bases))}.", ""]
     if refs:
-        out += [f"**Baseline {_c(', '.join(refs))} is the numerical reference, not a speed "
-                "baseline: no speedup claim.**", ""]
+        from k3fasttrack.perf.headline import UNNAMED_BASELINE, reference_note
+
+        notes = "; ".join(reference_note(r if r != "None" else UNNAMED_BASELINE) for r in refs)
+        out += [f"**{_c(notes[0].upper() + notes[1:])}.**", ""]
     layouts = sorted({h["floor"]["layout"] for _, h in heads if h.get("floor")})
     if layouts:
         layout = _c("; ".join(layouts))

@@ -221,7 +221,8 @@ class Agreement:
             "kl_median": statistics.median(self.kl),
             "kl_max": max(self.kl),
             "top1_agreement": sum(self.top1) / len(self.top1),
-            "layer_rel_err_median": {i: statistics.median(v) for i, v in self.layer_rel_err.items()},
+            "layer_rel_err_median": {i: statistics.median(v)
+                                     for i, v in self.layer_rel_err.items()},
             "layer_rel_err_max": {i: max(v) for i, v in self.layer_rel_err.items()},
         }
 
@@ -260,7 +261,8 @@ def agreement(ref: Executor, others: dict[str, Executor], first: StepInputs,
             a.top1.append(bool((lr.argmax(-1) == lx.argmax(-1)).all()))
             for i, v in seen["ref"].items():
                 err = float((seen[name][i] - v).norm() / v.norm().clamp_min(1e-30))
-                a.layer_rel_err.setdefault(i, []).append(err if math.isfinite(err) else float("inf"))
+                a.layer_rel_err.setdefault(i, []).append(
+                    err if math.isfinite(err) else float("inf"))
         inp = next_step(inp, lr.argmax(-1))
     return res
 
