@@ -274,3 +274,16 @@ def test_only_an_allowed_speed_baseline_carries_a_ratio(tmp_path: Path, harness:
     assert all(p.headline is not None and p.headline.ratio is None for p in report.points)
     assert SPEC.recompute(report, out) == []
     assert SPEC.restatus(report, out)[0] == "INCOMPLETE"
+
+
+def test_a_harness_report_relabelled_vllm_bench_is_refused(tmp_path: Path) -> None:
+    """Relabelling the runner would skip the raw harness repeats the headline is re-derived
+    from: verify compares the report's runner with the bundle's profile."""
+    bundle = _validate(tmp_path, "reference_harness")
+    path = bundle / "reports/perf.json"
+    report = json.loads(path.read_text())
+    assert report["runner"] == "harness"
+    report["runner"] = "vllm-bench"
+    path.write_text(json.dumps(report))
+    assert any("is not the profile's 'harness'" in p
+               for p in SPEC.recompute(PerfReport.model_validate(report), bundle))

@@ -8,6 +8,7 @@ only the missing ones.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from k3fasttrack.models.base import Check, TierStatus
@@ -71,6 +72,7 @@ def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
     if not isinstance(report, PerfReport):
         return [f"not a perf report: {report.tier}"]
     problems = analysis.recompute_points(report, bundle_dir)
+    problems += _runner_problems(report, bundle_dir)
     problems += headline.recompute_headlines(report, bundle_dir)
     stored: dict[str, Check] = {c.name: c for c in report.checks}
     rechecked = samepath.recheck(bundle_dir)
@@ -90,6 +92,20 @@ def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
         if not (bundle_dir / rel).is_file():
             problems.append(f"plot {rel} is missing")
     return problems
+
+
+def _runner_problems(report: PerfReport, bundle_dir: Path) -> list[str]:
+    """The report's runner is the one the bundle's profile names: a harness report relabelled
+    ``vllm-bench`` would skip the raw harness repeats its headline is re-derived from."""
+    try:
+        profile = json.loads((bundle_dir / "profile.json").read_text())
+    except (OSError, ValueError):
+        return []  # a bundle without its profile is refused by the spine's own checks
+    declared = ((profile.get("perf") or {}).get("runner")
+                if isinstance(profile, dict) else None)
+    if declared is not None and declared != report.runner:
+        return [f"perf report runner {report.runner!r} is not the profile's {declared!r}"]
+    return []
 
 
 def restatus(report: TierReport, bundle_dir: Path) -> tuple[TierStatus, str]:
