@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from backend.k3_decode.reference.mxfp4 import BLOCK
-from backend.stock.ops import StockInputError, op
+from backend.stock.ops import StockInputError, check_tensor, need, on_cuda, op
 
 MARLIN_TILE = 16  # marlin_utils.marlin_moe_intermediate_size
 MAX_BLOCKS_PER_SM = 4  # marlin_utils.MARLIN_MAX_BLOCKS_PER_SM (size of the lock workspace)
@@ -147,37 +147,20 @@ def marlin_mxfp4_scales(scale: torch.Tensor) -> torch.Tensor:
     return s.reshape(e, groups, n).contiguous()
 
 
-def _need(cond: bool, msg: str) -> None:
-    if not cond:
-        raise StockInputError(msg)
-
-
-def _check(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
-    _need(t.dtype == dtype, f"{name} must be {dtype}, got {t.dtype}")
-    _need(tuple(t.shape) == shape, f"{name} must have shape {shape}, got {tuple(t.shape)}")
-    _need(t.is_contiguous(), f"{name} must be contiguous")
-
-
-def _on_cuda(*ts: torch.Tensor) -> None:
-    dev = ts[0].device
-    _need(dev.type == "cuda", f"stock kernels run on CUDA tensors, got {dev}")
-    _need(all(t.device == dev for t in ts), "all tensors must be on one device")
-
-
 def check_experts(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
                   w2_scale: torch.Tensor) -> tuple[int, int, int]:
     """Checks MXFP4 experts in our layout; returns ``(E, I, L)``."""
-    _need(w13.dim() == 3, f"w13 must be [E, 2I, L/2], got {tuple(w13.shape)}")
+    need(w13.dim() == 3, f"w13 must be [E, 2I, L/2], got {tuple(w13.shape)}")
     e, two_i, half_l = w13.shape
     inter, lat = two_i // 2, 2 * half_l
-    _need(e >= 1 and inter % 64 == 0 and lat % 64 == 0,
+    need(e >= 1 and inter % 64 == 0 and lat % 64 == 0,
           f"need E >= 1, I % 64 == 0, L % 64 == 0; got E={e}, I={inter}, L={lat}")
     u8 = torch.uint8
-    _check("w13", w13, u8, (e, 2 * inter, lat // 2))
-    _check("w13_scale", w13_scale, u8, (e, 2 * inter, lat // BLOCK))
-    _check("w2", w2, u8, (e, lat, inter // 2))
-    _check("w2_scale", w2_scale, u8, (e, lat, inter // BLOCK))
-    _on_cuda(w13, w13_scale, w2, w2_scale)
+    check_tensor("w13", w13, u8, (e, 2 * inter, lat // 2), contiguous=True)
+    check_tensor("w13_scale", w13_scale, u8, (e, 2 * inter, lat // BLOCK), contiguous=True)
+    check_tensor("w2", w2, u8, (e, lat, inter // 2), contiguous=True)
+    check_tensor("w2_scale", w2_scale, u8, (e, lat, inter // BLOCK), contiguous=True)
+    on_cuda(w13, w13_scale, w2, w2_scale)
     return e, inter, lat
 
 
@@ -209,7 +192,7 @@ def prepare_marlin_experts(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch
     """Our MXFP4 experts (``MoeWeights.w13 / w13_scale / w2 / w2_scale`` on CUDA) in Marlin's
     layout, with scratch for up to ``max_tokens x top_k`` routes per call."""
     e, inter, lat = check_experts(w13, w13_scale, w2, w2_scale)
-    _need(max_tokens >= 1 and top_k >= 1, "max_tokens and top_k must be >= 1")
+    need(max_tokens >= 1 and top_k >= 1, "max_tokens and top_k must be >= 1")
     repack = op("_C", "gptq_marlin_repack")
 
     def marlin_weight(w: torch.Tensor, size_n: int, size_k: int) -> torch.Tensor:
@@ -229,19 +212,19 @@ def prepare_marlin_experts(w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch
 def check_routed(prep: MarlinExperts, x: torch.Tensor, topk_weights: torch.Tensor,
                  topk_ids: torch.Tensor, out: torch.Tensor | None) -> tuple[int, int]:
     """Checks ``routed_experts``' inputs; returns ``(T, k)``."""
-    _need(x.dim() == 2 and topk_ids.dim() == 2, "x must be [T, L] and topk_ids [T, k]")
+    need(x.dim() == 2 and topk_ids.dim() == 2, "x must be [T, L] and topk_ids [T, k]")
     t, k = topk_ids.shape
-    _need(t >= 1 and k >= 1, f"need at least one token and one expert per token, got [{t}, {k}]")
-    _need(t * k <= prep.max_routes, f"{t} tokens x top {k} exceeds the {prep.max_routes} routes "
+    need(t >= 1 and k >= 1, f"need at least one token and one expert per token, got [{t}, {k}]")
+    need(t * k <= prep.max_routes, f"{t} tokens x top {k} exceeds the {prep.max_routes} routes "
           f"the scratch was made for (prepare_marlin_experts' max_tokens x top_k)")
-    _check("x", x, torch.bfloat16, (t, prep.latent))
-    _check("topk_weights", topk_weights, torch.float32, (t, k))
-    _check("topk_ids", topk_ids, torch.int32, (t, k))
+    check_tensor("x", x, torch.bfloat16, (t, prep.latent), contiguous=True)
+    check_tensor("topk_weights", topk_weights, torch.float32, (t, k), contiguous=True)
+    check_tensor("topk_ids", topk_ids, torch.int32, (t, k), contiguous=True)
     tensors = [x, topk_weights, topk_ids, prep.w13]
     if out is not None:
-        _check("out", out, torch.bfloat16, (t, prep.latent))
+        check_tensor("out", out, torch.bfloat16, (t, prep.latent), contiguous=True)
         tensors.append(out)
-    _on_cuda(*tensors)
+    on_cuda(*tensors)
     return t, k
 
 
@@ -252,7 +235,7 @@ def routed_experts(prep: MarlinExperts, x: torch.Tensor, topk_weights: torch.Ten
     experts (``linear_beta <= 0``: the up half passes unclipped, as the kernel defines it).
     ``topk_ids`` must lie in ``[0, E)`` (not checked: that would need a host sync)."""
     t, k = check_routed(prep, x, topk_weights, topk_ids, out)
-    _need(beta > 0, f"beta must be > 0, got {beta}")
+    need(beta > 0, f"beta must be > 0, got {beta}")
     gemm = op("_moe_C", "moe_wna16_marlin_gemm")
     routes, n, lat = t * k, prep.inter, prep.latent
     bs = moe_block_size(routes, prep.experts)
@@ -377,17 +360,9 @@ def time_graph(prep: MarlinExperts, sets: list[tuple], outs: list[torch.Tensor],
     with torch.cuda.graph(graph):
         for (x, w, ids), o in zip(sets, outs):
             routed_experts(prep, x, w, ids, beta=BETA, linear_beta=LINEAR_BETA, out=o)
-    for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(sets))
-    return sorted(times)[len(times) // 2]
+    from backend.k3_decode.executor.measure import graph_us
+
+    return graph_us(graph, replays) / len(sets)
 
 
 def check_case(prep: MarlinExperts, weights: tuple, tokens: int, seed: int) -> dict:

@@ -90,21 +90,28 @@ def op(namespace: str, name: str, root: str | os.PathLike | None = None):
         raise StockUnavailable(f"{namespace}.{name} is not registered: {exc}") from None
 
 
-def _need(cond: bool, msg: str) -> None:
+def need(cond: bool, msg: str) -> None:
+    """``StockInputError(msg)`` unless ``cond``: the stock wrappers' input checks."""
     if not cond:
         raise StockInputError(msg)
 
 
-def _check(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
-    _need(t.dtype == dtype, f"{name} must be {dtype}, got {t.dtype}")
-    _need(tuple(t.shape) == shape, f"{name} must have shape {shape}, got {tuple(t.shape)}")
-    _need(t.stride(-1) == 1, f"{name} must have a unit stride in its last dim")
+def check_tensor(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], *,
+                 contiguous: bool = False) -> None:
+    """dtype, shape, then a unit inner stride (or, with ``contiguous``, a contiguous tensor)."""
+    need(t.dtype == dtype, f"{name} must be {dtype}, got {t.dtype}")
+    need(tuple(t.shape) == shape, f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    if contiguous:
+        need(t.is_contiguous(), f"{name} must be contiguous")
+    else:
+        need(t.stride(-1) == 1, f"{name} must have a unit stride in its last dim")
 
 
-def _on_cuda(*ts: torch.Tensor) -> None:
+def on_cuda(*ts: torch.Tensor) -> None:
+    """Every tensor on one CUDA device."""
     dev = ts[0].device
-    _need(dev.type == "cuda", f"stock kernels run on CUDA tensors, got {dev}")
-    _need(all(t.device == dev for t in ts), "all tensors must be on one device")
+    need(dev.type == "cuda", f"stock kernels run on CUDA tensors, got {dev}")
+    need(all(t.device == dev for t in ts), "all tensors must be on one device")
 
 
 # ------------------------------------------------------------------ KDA
@@ -113,12 +120,12 @@ def check_kda(x: torch.Tensor, raw_g: torch.Tensor, raw_beta: torch.Tensor, out_
               norm_w: torch.Tensor, conv_state: torch.Tensor, state: torch.Tensor,
               state_indices: torch.Tensor, out: torch.Tensor) -> tuple[int, int]:
     """Checks ``kda_decode``'s inputs; returns (tokens, heads)."""
-    _need(a_log.dim() == 1, "a_log must be [H]")
+    need(a_log.dim() == 1, "a_log must be [H]")
     h = a_log.shape[0]
-    _need(h in KDA_HEADS, f"the fused KDA decode supports {KDA_HEADS} heads, got {h}")
+    need(h in KDA_HEADS, f"the fused KDA decode supports {KDA_HEADS} heads, got {h}")
     hd = h * HEAD_DIM
     t = x.shape[0]
-    _need(t >= 1, "at least one token")
+    need(t >= 1, "at least one token")
     slots = state.shape[0]
     bf, f32 = torch.bfloat16, torch.float32
     for name, ten, dt, shp in (
@@ -131,11 +138,11 @@ def check_kda(x: torch.Tensor, raw_g: torch.Tensor, raw_beta: torch.Tensor, out_
         ("state", state, f32, (slots, h, HEAD_DIM, HEAD_DIM)),
         ("state_indices", state_indices, torch.int32, (t,)), ("out", out, bf, (t, hd)),
     ):
-        _check(name, ten, dt, shp)
+        check_tensor(name, ten, dt, shp)
     for name, ten in (("raw_g", raw_g), ("out_gate", out_gate), ("out", out), ("state", state),
                       ("conv_state", conv_state), ("conv_w", conv_w)):
-        _need(ten.is_contiguous(), f"{name} must be contiguous")
-    _on_cuda(x, raw_g, raw_beta, out_gate, conv_w, dt_bias, a_log, norm_w, conv_state, state,
+        need(ten.is_contiguous(), f"{name} must be contiguous")
+    on_cuda(x, raw_g, raw_beta, out_gate, conv_w, dt_bias, a_log, norm_w, conv_state, state,
              state_indices, out)
     return t, h
 
@@ -159,11 +166,11 @@ def kda_decode(x: torch.Tensor, raw_g: torch.Tensor, raw_beta: torch.Tensor,
 def f_b_gemm(f_a: torch.Tensor, f_b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """``out = f_a @ f_b.T`` through ``_C.dsv3_fused_a_gemm`` (1-16 tokens, bf16)."""
     t, k = f_a.shape
-    _need(1 <= t <= DSV3_MAX_TOKENS, f"dsv3_fused_a_gemm takes 1-{DSV3_MAX_TOKENS} tokens, got {t}")
-    _check("f_a", f_a, torch.bfloat16, (t, k))
-    _check("f_b", f_b, torch.bfloat16, (f_b.shape[0], k))
-    _check("out", out, torch.bfloat16, (t, f_b.shape[0]))
-    _on_cuda(f_a, f_b, out)
+    need(1 <= t <= DSV3_MAX_TOKENS, f"dsv3_fused_a_gemm takes 1-{DSV3_MAX_TOKENS} tokens, got {t}")
+    check_tensor("f_a", f_a, torch.bfloat16, (t, k))
+    check_tensor("f_b", f_b, torch.bfloat16, (f_b.shape[0], k))
+    check_tensor("out", out, torch.bfloat16, (t, f_b.shape[0]))
+    on_cuda(f_a, f_b, out)
     op("_C", "dsv3_fused_a_gemm")(out, f_a, f_b.t(), False)
     return out
 
@@ -172,12 +179,12 @@ def f_b_gemm(f_a: torch.Tensor, f_b: torch.Tensor, out: torch.Tensor) -> torch.T
 def grouped_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float = 1.0,
                  renormalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid + bias top-k over fp32 ``logits [T, E]`` (one group): (weights fp32, ids int32)."""
-    _need(logits.dim() == 2, "logits must be [T, E]")
+    need(logits.dim() == 2, "logits must be [T, E]")
     t, e = logits.shape
-    _need(1 <= top_k <= min(32, e), f"top_k must be 1..{min(32, e)}, got {top_k}")
-    _check("logits", logits, torch.float32, (t, e))
-    _check("bias", bias, torch.float32, (e,))
-    _on_cuda(logits, bias)
+    need(1 <= top_k <= min(32, e), f"top_k must be 1..{min(32, e)}, got {top_k}")
+    check_tensor("logits", logits, torch.float32, (t, e))
+    check_tensor("bias", bias, torch.float32, (e,))
+    on_cuda(logits, bias)
     w, ids = op("_moe_C", "grouped_topk")(logits, 1, 1, top_k, renormalize, scaling, bias, 1)
     return w, ids
 
@@ -186,16 +193,17 @@ def grouped_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: 
 def _check_mla(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                seq_lens: torch.Tensor, q_per_request: int, q_dtype: torch.dtype,
                kv_dtype: torch.dtype) -> tuple[int, int]:
-    _need(q.dim() == 3 and q.shape[2] == LATENT + ROPE, "q must be [T, H, 576]")
+    need(q.dim() == 3 and q.shape[2] == LATENT + ROPE, "q must be [T, H, 576]")
     t, h = q.shape[:2]
     r = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
-    _need(r >= 1 and t == r * q_per_request, f"q has {t} tokens, expected seq_lens' {r} "
+    need(r >= 1 and t == r * q_per_request, f"q has {t} tokens, expected seq_lens' {r} "
           f"requests x q={q_per_request}")
-    _check("q", q, q_dtype, (t, h, LATENT + ROPE))
-    _need(kv_cache.dim() == 3, "kv_cache must be [blocks, block_size, 576]")
-    _check("kv_cache", kv_cache, kv_dtype, (kv_cache.shape[0], kv_cache.shape[1], LATENT + ROPE))
-    _check("block_table", block_table, torch.int32, (r, block_table.shape[-1]))
-    _check("seq_lens", seq_lens, torch.int32, (r,))
+    check_tensor("q", q, q_dtype, (t, h, LATENT + ROPE))
+    need(kv_cache.dim() == 3, "kv_cache must be [blocks, block_size, 576]")
+    check_tensor("kv_cache", kv_cache, kv_dtype,
+                 (kv_cache.shape[0], kv_cache.shape[1], LATENT + ROPE))
+    check_tensor("block_table", block_table, torch.int32, (r, block_table.shape[-1]))
+    check_tensor("seq_lens", seq_lens, torch.int32, (r,))
     return r, h
 
 
@@ -203,8 +211,8 @@ def flashmla_fp8_plan(seq_lens: torch.Tensor, q_per_request: int,
                       heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashMLA's tile scheduler metadata and split counts for an fp8 decode step (once per
     step in vLLM, shared by every MLA layer)."""
-    _check("seq_lens", seq_lens, torch.int32, (seq_lens.shape[0],))
-    _on_cuda(seq_lens)
+    check_tensor("seq_lens", seq_lens, torch.int32, (seq_lens.shape[0],))
+    on_cuda(seq_lens)
     md, splits = op("_flashmla_extension_C", "get_mla_decoding_metadata_dense_fp8")(
         seq_lens, q_per_request * heads, 1)
     return md, splits
@@ -218,11 +226,11 @@ def flashmla_fp8_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: to
     ``descale_q``), block size 64; returns ``(o [T, H, 512] bf16, lse)``."""
     r, h = _check_mla(q, kv_cache, block_table, seq_lens, q_per_request, torch.float8_e4m3fn,
                       torch.float8_e4m3fn)
-    _need(kv_cache.shape[1] == FLASHMLA_BLOCK, f"FlashMLA needs block size {FLASHMLA_BLOCK}, "
+    need(kv_cache.shape[1] == FLASHMLA_BLOCK, f"FlashMLA needs block size {FLASHMLA_BLOCK}, "
           f"got {kv_cache.shape[1]}")
     for name, s in (("descale_q", descale_q), ("descale_k", descale_k)):
-        _check(name, s, torch.float32, (1,))
-    _on_cuda(q, kv_cache, block_table, seq_lens, descale_q, descale_k)
+        check_tensor(name, s, torch.float32, (1,))
+    on_cuda(q, kv_cache, block_table, seq_lens, descale_q, descale_k)
     out, lse = op("_flashmla_extension_C", "fwd_kvcache_mla_fp8")(
         q.view(r, q_per_request, h, LATENT + ROPE), kv_cache.unsqueeze(-2), LATENT, seq_lens,
         block_table, softmax_scale, True, plan[0], plan[1], descale_q, descale_k)
@@ -233,9 +241,9 @@ def fa3_plan(seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, q_per_request: 
              max_seqlen_k: int, page_size: int, num_splits: int = FA3_SPLITS) -> torch.Tensor:
     """FA3's ahead-of-time scheduler metadata for an MLA decode step (bf16 cache)."""
     r = seq_lens.shape[0]
-    _check("seq_lens", seq_lens, torch.int32, (r,))
-    _check("cu_seqlens_q", cu_seqlens_q, torch.int32, (r + 1,))
-    _on_cuda(seq_lens, cu_seqlens_q)
+    check_tensor("seq_lens", seq_lens, torch.int32, (r,))
+    check_tensor("cu_seqlens_q", cu_seqlens_q, torch.int32, (r + 1,))
+    on_cuda(seq_lens, cu_seqlens_q)
     return op("_vllm_fa3_C", "get_scheduler_metadata")(
         r, q_per_request, max_seqlen_k, heads, 1, ROPE, LATENT, torch.bfloat16, seq_lens,
         cu_seqlens_q, None, None, None, None, page_size, 0, True, -1, -1, False, num_splits,
@@ -250,9 +258,9 @@ def fa3_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     ``q_v``, its rope part as ``q``); ``q [T, H, 576]`` bf16, returns ``o [T, H, 512]`` bf16."""
     _check_mla(q, kv_cache, block_table, seq_lens, q_per_request, torch.bfloat16,
                torch.bfloat16)
-    _need(kv_cache.shape[1] % 16 == 0, f"FA3 needs a block size multiple of 16, "
+    need(kv_cache.shape[1] % 16 == 0, f"FA3 needs a block size multiple of 16, "
           f"got {kv_cache.shape[1]}")
-    _on_cuda(q, kv_cache, block_table, seq_lens, cu_seqlens_q, scheduler_metadata)
+    on_cuda(q, kv_cache, block_table, seq_lens, cu_seqlens_q, scheduler_metadata)
     q_v, q_pe = q[..., :LATENT], q[..., LATENT:]  # views, as ``forward_mqa``'s torch.split
     res = op("_vllm_fa3_C", "fwd")(
         q_pe, kv_cache[..., LATENT:].unsqueeze(-2), kv_cache[..., :LATENT].unsqueeze(-2), None,
@@ -270,27 +278,27 @@ def mla_q_concat_insert(ql_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.T
     fp8) and ``kv_cache[slot_mapping] = [kv_c | k_pe]`` (times ``cache_scale_inv`` when fp8), in
     one launch; no rope (positions None). ``ql_nope`` may be the transposed view of the W_UK
     bmm's output, as vLLM passes it."""
-    _need(ql_nope.dim() == 3 and ql_nope.shape[2] == LATENT, "ql_nope must be [T, H, 512]")
+    need(ql_nope.dim() == 3 and ql_nope.shape[2] == LATENT, "ql_nope must be [T, H, 512]")
     t, h = ql_nope.shape[:2]
     fp8 = kv_cache.dtype == torch.float8_e4m3fn
-    _check("ql_nope", ql_nope, torch.bfloat16, (t, h, LATENT))
-    _check("q_pe", q_pe, torch.bfloat16, (t, h, ROPE))
-    _check("kv_c", kv_c, torch.bfloat16, (t, LATENT))
-    _check("k_pe", k_pe, torch.bfloat16, (t, ROPE))
-    _need(kv_cache.dim() == 3, "kv_cache must be [blocks, block_size, 576]")
-    _check("kv_cache", kv_cache, kv_cache.dtype, (kv_cache.shape[0], kv_cache.shape[1],
+    check_tensor("ql_nope", ql_nope, torch.bfloat16, (t, h, LATENT))
+    check_tensor("q_pe", q_pe, torch.bfloat16, (t, h, ROPE))
+    check_tensor("kv_c", kv_c, torch.bfloat16, (t, LATENT))
+    check_tensor("k_pe", k_pe, torch.bfloat16, (t, ROPE))
+    need(kv_cache.dim() == 3, "kv_cache must be [blocks, block_size, 576]")
+    check_tensor("kv_cache", kv_cache, kv_cache.dtype, (kv_cache.shape[0], kv_cache.shape[1],
                                                  LATENT + ROPE))
-    _need(kv_cache.dtype in (torch.bfloat16, torch.float8_e4m3fn),
+    need(kv_cache.dtype in (torch.bfloat16, torch.float8_e4m3fn),
           f"kv_cache must be bf16 or fp8 e4m3, got {kv_cache.dtype}")
-    _check("slot_mapping", slot_mapping, torch.int64, (t,))
-    _check("out", out, torch.float8_e4m3fn if fp8 else torch.bfloat16, (t, h, LATENT + ROPE))
-    _need(out.is_contiguous(), "out must be contiguous")
-    _need(fp8 == (q_scale_inv is not None) == (cache_scale_inv is not None),
+    check_tensor("slot_mapping", slot_mapping, torch.int64, (t,))
+    check_tensor("out", out, torch.float8_e4m3fn if fp8 else torch.bfloat16, (t, h, LATENT + ROPE))
+    need(out.is_contiguous(), "out must be contiguous")
+    need(fp8 == (q_scale_inv is not None) == (cache_scale_inv is not None),
           "q_scale_inv and cache_scale_inv are given exactly when the cache is fp8")
-    _on_cuda(ql_nope, q_pe, kv_c, k_pe, kv_cache, slot_mapping, out)
+    on_cuda(ql_nope, q_pe, kv_c, k_pe, kv_cache, slot_mapping, out)
     if fp8:
         for name, sc in (("q_scale_inv", q_scale_inv), ("cache_scale_inv", cache_scale_inv)):
-            _check(name, sc, torch.float32, (1,))
+            check_tensor(name, sc, torch.float32, (1,))
         op("_C", "fused_kimi_k3_mla_decode_q_concat_kv_cache_fp8_insert")(
             ql_nope, q_pe, kv_c, k_pe, out, kv_cache, slot_mapping, q_scale_inv,
             cache_scale_inv, kv_cache.shape[1], None, None)

@@ -116,12 +116,13 @@ def attn_res(module: Any, prefix: torch.Tensor, delta: torch.Tensor | None,
     per token; 1 source per tile and 4 warps from 256 tokens or at most one block, else 4 and 8;
     two stages; PDL on sm_90+), writing ``out``; it updates ``prefix`` (and the written block) in
     place as the wheel's kernel does."""
+    import triton
+
     t, hidden = prefix.shape
     for name, x in (("prefix", prefix), ("delta", delta), ("blocks", blocks), ("out", out)):
         if x is not None and x.stride(-1) != 1:
             raise ValueError(f"attn_res: {name} must have a unit inner stride")
     block_l, warps = (1, 4) if t >= 256 or num_blocks <= 1 else (4, 8)
-    triton = sys.modules.get("triton") or __import__("triton")
     module._attn_res_kernel[(t,)](
         prefix, delta, blocks, norm_w, qk_w.reshape(-1), out_norm_w, out,
         prefix.stride(0), 0 if delta is None else delta.stride(0), blocks.stride(0),

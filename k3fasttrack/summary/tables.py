@@ -128,16 +128,16 @@ def perf_lead(r: dict[str, Any]) -> list[str]:
     step = heads[0][1].get("measure") == "step_time"
     what = "Per-step time" if step else "TPOT (time per output token)"
     bases = sorted({str(h.get("baseline")) for _, h in heads})
-    refs = sorted({str(h.get("baseline_executor")) for _, h in heads
+    from k3fasttrack.perf.headline import UNNAMED_BASELINE, reference_note
+
+    refs = sorted({str(h.get("baseline_executor") or UNNAMED_BASELINE) for _, h in heads
                    if not h.get("speed_baseline", True)})
     cand = sorted({str(h["candidate_executor"]) for _, h in heads if h.get("candidate_executor")})
     who = f"candidate {', '.join(cand)}" if cand else "candidate"
     out = [f"**{what}** of the {_c(who)} (median of repeats); baseline: "
            f"{_c(', '.join(bases))}.", ""]
     if refs:
-        from k3fasttrack.perf.headline import UNNAMED_BASELINE, reference_note
-
-        notes = "; ".join(reference_note(r if r != "None" else UNNAMED_BASELINE) for r in refs)
+        notes = "; ".join(reference_note(r) for r in refs)
         out += [f"**{_c(notes[0].upper() + notes[1:])}.**", ""]
     layouts = sorted({h["floor"]["layout"] for _, h in heads if h.get("floor")})
     if layouts:
