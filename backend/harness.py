@@ -35,15 +35,18 @@ MXFP4 at TP8, more than one H200's 139 GiB, twice that with the baseline's Marli
 ``K3FT_HARNESS_SIDE_STREAM`` (router on a side stream beside the front projection, default 1: it
 saved 8 us per KDA + MoE layer at batch 1 and 39 us at batch 8 on the H200,
 backend/k3_decode/ops/router/NOTES.md), ``K3FT_HARNESS_SEED`` (weights, default 0),
-``K3FT_HARNESS_AGREEMENT_STEPS`` (default 8; 0: off: at pure-decode points up to
-``AGREEMENT_MAX_CONTEXT``, both executors against the float64 reference on the reference's
-greedy tokens, ``perf/evidence/<point>/agreement.json``); the
+``K3FT_HARNESS_LATENT_SHARDS`` (the candidate's latent down / up projections split over this
+many ranks, ``tp/layout.py``: 1 or the shard TP degree, default the latter; one rank's local
+work is timed, its collectives are not run), ``K3FT_HARNESS_AGREEMENT_STEPS`` (default 8; 0:
+off: at pure-decode points up to ``AGREEMENT_MAX_CONTEXT``, both executors against the float64
+reference on the reference's greedy tokens, ``perf/evidence/<point>/agreement.json``); the
 candidate's kernel choices are ``DecodeSettings.from_env()`` (``K3_DECODE_<FIELD>`` overrides).
 
 Memory at the defaults (TP8 shard, 93 layers, 224 experts, both sides): attention weights 9.8 GB,
-MoE non-expert weights 12.8 GB plus the candidate's packed front / tail copies 12.5 GB, MXFP4
+MoE non-expert weights 12.8 GB plus the candidate's packed front / up copies of one rank 3.2 GB
+(the agreement's replicated candidate adds the whole front / tail, 12.5 GB), MXFP4
 experts 45.2 GB plus the baseline's Marlin copy (about the same, 45 GB), dense layer 0, embedding
-and LM head shards 0.8 GB: about 126 GB (118 GiB), leaving about 20 GiB of the H200's 139 GiB for
+and LM head shards 0.8 GB: about 117 GB (109 GiB), leaving about 30 GiB of the H200's 139 GiB for
 the two sides' caches (per side at 8 requests x 32k: KDA state 69 layers x 9 slots x 0.8 MB,
 0.5 GB; fp8 MLA cache 24 layers x 151 MB, 3.6 GB), workspaces and the 2 GiB copy-ceiling probe.
 """
@@ -71,8 +74,9 @@ _MODELS: dict[tuple, Any] = {}
 BASELINES = ("vllm_stock", "torch_ops")
 """``K3FT_HARNESS_BASELINE`` values; the first is the default."""
 CANDIDATE = "k3ft_hopper"
-LAYOUT = ("one TP{tp} rank (shard widths), latent down/up and router replicated as vLLM 0.33.0 "
-          "runs them at decode on Hopper; collectives not run (one GPU)")
+LAYOUT = ("one TP{tp} rank (shard widths) on one GPU, collectives NOT RUN; floor: the bytes of "
+          "the candidate's layout ({latent}; router replicated); the baseline reads the latent "
+          "down/up whole, as vLLM 0.33.0 runs them at decode on Hopper")
 
 
 def baseline_name() -> str:
@@ -104,10 +108,15 @@ def settings() -> dict[str, Any]:
             "experts": int(os.environ.get("K3FT_HARNESS_EXPERTS", "224")),
             "seed": int(os.environ.get("K3FT_HARNESS_SEED", "0")),
             "shard_tp": int(os.environ.get("K3FT_HARNESS_SHARD_TP", "8")),
+            "latent_shards": int(os.environ.get("K3FT_HARNESS_LATENT_SHARDS",
+                                                os.environ.get("K3FT_HARNESS_SHARD_TP", "8"))),
             "agreement_steps": int(os.environ.get("K3FT_HARNESS_AGREEMENT_STEPS", "8")),
         }
     except ValueError as exc:
         raise UsageError(f"K3FT_HARNESS_*: {exc}") from None
+    if s["latent_shards"] not in (1, s["shard_tp"]):
+        raise UsageError(f"K3FT_HARNESS_LATENT_SHARDS={s['latent_shards']}: expected 1 (latent "
+                         f"down/up replicated) or the shard TP degree {s['shard_tp']}")
     return {**s, **decode.as_dict(), "decode_settings_sha256": decode.digest()}
 
 
@@ -238,14 +247,24 @@ def _sides(point: HarnessPoint, s: dict[str, Any], evid: Path) -> tuple[_Side, _
         raise InfrastructureError(f"{s['baseline']} baseline: {type(exc).__name__}: {exc}") \
             from None
     base.executor = s["baseline"]
-    cand = _Side("candidate", KernelOps(cfg, decode_settings(), max_context=p.input_len),
+    cand = _Side("candidate", KernelOps(cfg, decode_settings(), max_context=p.input_len,
+                                        shards=latent_shards(s)),
                  weights, caches, inp, evid / "selection-candidate.jsonl")
     cand.executor = CANDIDATE
     return base, cand, inp, weights
 
 
-def step_floor(base: _Side, weights: Any, inp: Any, context: int, shard_tp: int) -> StepFloor:
-    """The step's floor: ``measure.step_bytes`` with the experts the router picks in one eager
+def latent_shards(s: dict[str, Any]) -> Any:
+    """The candidate's latent layout: rank 0 of ``latent_shards``, emulated (no collectives)."""
+    from backend.k3_decode.tp.layout import LatentShards
+
+    return LatentShards(rank=0, world=s["latent_shards"])
+
+
+def step_floor(base: _Side, weights: Any, inp: Any, context: int, s: dict[str, Any]
+               ) -> StepFloor:
+    """The step's floor: ``measure.step_bytes`` of the candidate's layout (the latent down / up
+    rows of one rank where they are split) with the experts the router picks in one eager
     baseline step (it advances the baseline's caches as one more replay would), over the copy
     ceiling measured here."""
     from backend.k3_decode.executor import measure
@@ -256,11 +275,13 @@ def step_floor(base: _Side, weights: Any, inp: Any, context: int, shard_tp: int)
     mla = next(iter(ex.caches.mla.values()), None)
     cache_bytes = 1 if mla is None else mla.kv_cache.element_size()
     total = measure.step_bytes(weights, inp.num_reqs, inp.q, context, touched,
-                               cache_bytes=cache_bytes)["total"]
+                               cache_bytes=cache_bytes,
+                               latent_world=s["latent_shards"])["total"]
     torch.cuda.synchronize()
     ceiling = copy_ceiling_tbs()
     return StepFloor(bytes_per_step=total, copy_ceiling_tbs=ceiling,
-                     floor_us=total / (ceiling * 1e12) * 1e6, layout=LAYOUT.format(tp=shard_tp))
+                     floor_us=total / (ceiling * 1e12) * 1e6,
+                     layout=LAYOUT.format(tp=s["shard_tp"], latent=latent_shards(s).describe()))
 
 
 def _check_point(point: HarnessPoint) -> None:
@@ -288,7 +309,7 @@ def run_points(point: HarnessPoint) -> Iterator[HarnessRepeat]:
     evid = Path(point.evidence_dir or "")
     evid.mkdir(parents=True, exist_ok=True)
     base, cand, inp, weights = _sides(point, s, evid)
-    floor = step_floor(base, weights, inp, p.input_len, s["shard_tp"])
+    floor = step_floor(base, weights, inp, p.input_len, s)
     for side in (base, cand):
         for _ in range(max(1, point.warmup_requests)):
             side.graph.replay()
@@ -384,6 +405,10 @@ def _agreement(point: HarnessPoint, s: dict[str, Any], weights: Any, steps: int,
     out = {"reference": "TorchOps(cfg, torch.float64): float64 arithmetic over the same caches "
                         "as the executors (fp8 MLA rows, fp32 KDA state, bf16 conv state), "
                         "greedy; eager steps (the timed graphs replay the same kernels)",
+           "candidate_layout": "latent down/up replicated: the timed split layout needs its "
+                               "collectives to compute the model (one GPU runs one rank's local "
+                               "work); its local kernels are checked against the replicated "
+                               "MoE in tests/backend/test_latent_shards.py",
            "steps": steps, "requests": p.batch, "context": ctx,
            "vocabulary": f"one TP{s['shard_tp']} rank's LM-head shard ({vocab} tokens)",
            "executors": {}}

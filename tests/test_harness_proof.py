@@ -81,14 +81,15 @@ def stock_harness(point: HarnessPoint) -> Iterator[HarnessRepeat]:
     return _run(point, False)
 
 
-def _profile(tmp: Path, harness: str) -> Path:
+def _profile(tmp: Path, harness: str, baseline_patterns: tuple[str, ...] = ()) -> Path:
     (tmp / "grid.yaml").write_text(yaml.safe_dump(GRID))
     body = {
         "name": "harness-proof", "description": "d", "switch": "executor",
         "tiers": ["perf", "proof"], "bounds": {"gpu_families": ["cpu"], "tp_sizes": [1]},
         "proof": {"signals": ["selection_trace", "kernel_names"], "claiming_tiers": ["perf"],
                   "kernel_patterns": ["kernel_cutlass_gemv(_mma)?_kernel_",
-                                      "kernel_cutlass_kda_decode(_cluster)?_kernel_"]},
+                                      "kernel_cutlass_kda_decode(_cluster)?_kernel_"],
+                  "baseline_kernel_patterns": list(baseline_patterns)},
         "perf": {"runner": "harness", "sweep": str(tmp / "grid.yaml"),
                  "harness": f"test_harness_proof:{harness}"},
     }
@@ -97,12 +98,14 @@ def _profile(tmp: Path, harness: str) -> Path:
     return path
 
 
-def _validate(tmp: Path, harness: str) -> tuple[subprocess.CompletedProcess, Path]:
+def _validate(tmp: Path, harness: str, baseline_patterns: tuple[str, ...] = ()
+              ) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp / "run"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "k3fasttrack", "validate", "--profile",
-                           str(_profile(tmp, harness)), "--tp", "1", "--no-sign", "--out", str(out),
-                           "--json"], capture_output=True, text=True, env=env, timeout=600)
+                           str(_profile(tmp, harness, baseline_patterns)), "--tp", "1",
+                           "--no-sign", "--out", str(out), "--json"],
+                          capture_output=True, text=True, env=env, timeout=600)
     return proc, out
 
 
@@ -123,3 +126,30 @@ def test_harness_evidence_decides_the_proof(tmp_path: Path, harness: str, proof:
             for f in ("selection-candidate.jsonl", "profile-candidate.json")} <= srcs
     assert srcs <= set(perf["raw_files"])
     assert all((out / "bundle" / s).is_file() for s in srcs)
+
+
+@pytest.mark.parametrize("stock,proof,why", [
+    (("^gemv2T_kernel", "fused_recurrent_kda"), "PASS",
+     "all 2 kernel patterns matched on the candidate; all 2 stock patterns matched on the "
+     "baseline"),
+    (("fused_recurrent_kda", "marlin_moe_wna16::Marlin"), "FAIL",
+     "baseline ran no stock kernel matching 'marlin_moe_wna16::Marlin'")])
+def test_harness_baseline_must_run_the_stock_kernels(tmp_path: Path, stock: tuple[str, ...],
+                                                     proof: str, why: str) -> None:
+    """The profile's baseline_kernel_patterns reach the bundle's profile.json and the proof
+    tier: the baseline's profile (stand-in library kernels) holds both of the first pair, not
+    the Marlin kernel of the second; the candidate ran its path either way (no stock tier), and
+    verify's recomputation agrees with the report."""
+    from k3fasttrack.tiers.registry import recompute_all
+
+    proc, out = _validate(tmp_path, "specialized_harness", stock)
+    tiers = {t["tier"]: t for t in json.loads(proc.stdout)["result"]["tiers"]}
+    assert tiers["proof"]["status"] == proof, tiers["proof"]
+    bundle = out / "bundle"
+    report = json.loads((bundle / "reports/proof.json").read_text())
+    (perf,) = report["tiers"]
+    assert why in perf["reason"] and list(report["stock_tiers"]) == []
+    assert perf["baseline"][stock[0]] == 2.0  # one baseline profile per point, two points
+    profile = json.loads((bundle / "profile.json").read_text())
+    assert tuple(profile["proof"]["baseline_kernel_patterns"]) == stock
+    assert recompute_all(bundle, ("reports/proof.json",)) == []

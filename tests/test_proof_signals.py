@@ -226,3 +226,99 @@ def test_dropping_a_tier_that_ran_stock_is_refused(tmp_path: Path,
     status, why = restatus(forged, tmp_path)
     assert status == "FAIL" and "claiming tiers that ran are evals, features" in why
     assert any("claiming tiers that ran" in p for p in recompute(forged, tmp_path))
+
+
+STOCK = ("fused_kda_decode", "marlin_moe_wna16::Marlin")
+"""The baseline's stock kernels the profile requires (``proof.baseline_kernel_patterns``)."""
+
+
+def _kernel_windows(tmp_path: Path, cand: tuple[str, ...],
+                    base: tuple[str, ...] | None) -> list[PathEvidence]:
+    """One candidate profile and (unless ``base`` is None) one baseline profile, as windows."""
+    wins = [PathEvidence(tier="perf", side="candidate", signal="kernel_names",
+                         source=_profile(tmp_path / "cand.json", *cand))]
+    if base is not None:
+        wins.append(PathEvidence(tier="perf", side="baseline", signal="kernel_names",
+                                 source=_profile(tmp_path / "base.json", *base)))
+    return wins
+
+
+OURS = ("KdaSplitKernel_0", "WaveMoeTail")
+STOCK_CFG = ProofConfig(signals=("kernel_names",), kernel_patterns=("^Kda", "MoeTail"),
+                        baseline_kernel_patterns=STOCK)
+
+
+def test_kernel_names_pass_when_the_baseline_ran_every_stock_kernel(tmp_path: Path) -> None:
+    """Our kernels on the candidate, every stock pattern on the baseline: pass, the reason says
+    both, and both sides record every pattern's count."""
+    base = ("void fused_kda_decode<1>", "void marlin_moe_wna16::Marlin<8>",
+            "void marlin_moe_wna16::Marlin<8>")
+    proof = judge_tier("perf", _kernel_windows(tmp_path, OURS, base), STOCK_CFG, tmp_path)
+    assert proof.outcome == "pass", proof.reason
+    assert proof.reason == ("kernel_names: all 2 kernel patterns matched on the candidate; "
+                            "all 2 stock patterns matched on the baseline")
+    assert proof.baseline == {"^Kda": 0.0, "MoeTail": 0.0, STOCK[0]: 1.0, STOCK[1]: 2.0}
+    assert proof.candidate == {"^Kda": 1.0, "MoeTail": 1.0, STOCK[0]: 0.0, STOCK[1]: 0.0}
+
+
+def test_kernel_names_fail_when_the_baseline_lacks_a_stock_kernel(tmp_path: Path) -> None:
+    """The baseline ran the stock KDA kernel but not vLLM's Marlin experts (a stand-in ran in
+    their place): the proof fails, names the missing pattern, and does not call it stock. That
+    the candidate ran a Marlin kernel does not count for the baseline."""
+    base = ("void fused_kda_decode<1>", "fused_moe_kernel")
+    cand = (*OURS, "void marlin_moe_wna16::Marlin<8>")
+    proof = judge_tier("perf", _kernel_windows(tmp_path, cand, base), STOCK_CFG, tmp_path)
+    assert proof.outcome == "fail"
+    assert proof.reason == ("kernel_names: baseline ran no stock kernel matching "
+                            "'marlin_moe_wna16::Marlin' (1 of 2 stock patterns unmatched)")
+    assert proof.baseline[STOCK[0]] == 1.0 and proof.baseline[STOCK[1]] == 0.0
+    assert proof.candidate[STOCK[1]] == 1.0
+    assert verdict([proof])[2] == ()  # the candidate's path ran: not a stock tier
+
+
+def test_kernel_names_fail_without_a_baseline_trace_when_stock_kernels_are_required(
+        tmp_path: Path) -> None:
+    """No baseline profile recorded: nothing shows the baseline ran stock kernels, so the proof
+    fails when the profile requires them and passes as before when it does not."""
+    wins = _kernel_windows(tmp_path, OURS, None)
+    proof = judge_tier("perf", wins, STOCK_CFG, tmp_path)
+    assert proof.outcome == "fail"
+    assert proof.reason == ("kernel_names: no baseline profiler trace recorded: the profile "
+                            "requires 2 stock kernel patterns there")
+    plain = STOCK_CFG.model_copy(update={"baseline_kernel_patterns": ()})
+    assert judge_tier("perf", wins, plain, tmp_path).outcome == "pass"
+
+
+def test_recompute_catches_a_report_edited_to_pass_without_stock_kernels(tmp_path: Path) -> None:
+    """The proof tier runs on a perf report whose baseline profile lacks the Marlin kernel and
+    FAILs; the report edited to PASS (verdict, check, status) is a mismatch for verify, which
+    re-judges the raw traces with the patterns of the bundle's profile.json. A report whose
+    recorded baseline counts were edited is a mismatch too."""
+    from serving_support import demo_profile, make_ctx
+
+    from k3fasttrack.tiers.proof.tier import restatus, run
+
+    wins = _kernel_windows(tmp_path, OURS, ("void fused_kda_decode<1>", "fused_moe_kernel"))
+    perf = PerfReport(status="PASS", reason="ok",
+                      path_evidence=tuple(w.model_dump(mode="json") for w in wins))
+    profile = demo_profile(proof=STOCK_CFG.model_copy(update={"claiming_tiers": ("perf",)}))
+    report = run(make_ctx(tmp_path, profile=profile, reports={"perf": perf}))
+    assert report.status == "FAIL" and "'marlin_moe_wna16::Marlin'" in report.reason
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "perf.json").write_text(perf.model_dump_json())
+    (tmp_path / "profile.json").write_text(profile.model_dump_json())
+    assert recompute(report, tmp_path) == []
+    (proof,) = report.tiers
+    passed = proof.model_copy(update={"outcome": "pass", "reason": "kernel_names: all matched"})
+    forged = report.model_copy(update={
+        "tiers": (passed,), "status": "PASS", "reason": "candidate path shown in perf",
+        "checks": tuple(c.model_copy(update={"outcome": "pass"}) for c in report.checks)})
+    problems = recompute(forged, tmp_path)
+    assert "perf: evidence gives fail, report says pass" in problems
+    assert "evidence gives status FAIL, report says PASS" in problems
+    status, why = restatus(forged, tmp_path)
+    assert status == "FAIL" and "'marlin_moe_wna16::Marlin'" in why
+    counts = {**proof.baseline, STOCK[1]: 4.0}
+    edited = report.model_copy(update={"tiers": (proof.model_copy(update={"baseline": counts}),)})
+    assert recompute(edited, tmp_path) == [
+        "perf: the recorded candidate/baseline sums differ from the ones the evidence gives"]

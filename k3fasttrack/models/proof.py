@@ -20,6 +20,10 @@ class ProofConfig(Record):
     signals: tuple[ProofSignal, ...] = ()
     kernel_patterns: tuple[str, ...] = ()
     """Regular expressions a profiler kernel name must match to count as the optimized path."""
+    baseline_kernel_patterns: tuple[str, ...] = ()
+    """Regular expressions each of which must match a kernel in the baseline's profiler traces
+    (the stock engine's own kernels), so the baseline is shown to have run the stock path it
+    claims; empty: the baseline's kernels are only checked against ``kernel_patterns``."""
     claiming_tiers: tuple[str, ...] = ("evals", "features", "perf")
     """Tiers that send traffic to the candidate and so must show that its path ran."""
 

@@ -9,9 +9,11 @@ the router and the tensor-core front GEMV are two launches, the router on a side
 the latent RMSNorm, or, at 1-2 tokens, leaves that norm to the tail projection,
 ``gemv_normed``; with ``torch_prep`` a torch prep does both instead), tail projection
 ``[up * norm_w | shared down]`` (the routed output and the shared experts summed inside that
-one GEMV). With ``pdl`` the SIMT GEMVs, ``gemv_normed`` and the router launch on the caller's
-stream are programmatic dependent launches: their first weight loads go out while the previous
-kernel runs.
+one GEMV). With the latent projections split over ranks (``shards``, ``tp/layout.py``) the
+front carries this rank's down rows and the tail is two GEMVs: the shared down projection
+(every hidden column) and this rank's up rows (the w2 kernel normalises). With ``pdl`` the
+SIMT GEMVs, ``gemv_normed`` and the router launch on the caller's stream are programmatic
+dependent launches: their first weight loads go out while the previous kernel runs.
 
 The MLA layer: one fused ``q_a|kv_a|k_pe|gate`` projection, the q_b projection with the q_a
 RMSNorm inside and the kv RMSNorm + cache insert in its launch, at 1-2 tokens also the MLA
@@ -34,6 +36,7 @@ from backend.k3_decode.executor.weights import DenseWeights, KdaWeights, MlaWeig
 from backend.k3_decode.ops.moe.op import MAX_TOKENS as MOE_MAX_TOKENS
 from backend.k3_decode.ops.moe.op import W2_PASSES
 from backend.k3_decode.settings import DecodeSettings
+from backend.k3_decode.tp.layout import LatentShards
 
 GEMV_CTA_WARPS = 4
 """Warps per CTA of the SIMT GEMVs (one row per warp; smaller CTAs than the op's default 8
@@ -81,7 +84,7 @@ class KernelOps:
     name = "specialized"
 
     def __init__(self, cfg: K3Config, settings: DecodeSettings | None = None, *,
-                 max_context: int | None = None) -> None:
+                 max_context: int | None = None, shards: LatentShards | None = None) -> None:
         from backend.k3_decode.ops.attn_res import attn_res_norm
         from backend.k3_decode.ops.gemv import gemv, gemv_normed
         from backend.k3_decode.ops.kda import kda_decode
@@ -93,6 +96,10 @@ class KernelOps:
         self.cfg = cfg
         self.settings = s = DecodeSettings() if settings is None else settings
         self.max_context = max_context
+        self.shards = LatentShards() if shards is None else shards
+        """Which rank of how many the latent down / up projections are split over
+        (``tp/layout.py``); the default reads them whole."""
+        self._latent: dict[tuple[torch.device, int], torch.Tensor] = {}
         if s.torch_prep:
             rms_glu_prep, mla_prep = torch_rms_glu_prep, torch_mla_prep
         self._gemv = functools.partial(gemv, pdl=s.pdl, warps=GEMV_CTA_WARPS)
@@ -179,15 +186,16 @@ class KernelOps:
                       pdl=dependent, pdl_attend=dependent)
         return self._gemv(o, w.o_proj, out)
 
-    def moe(self, w: MoeWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """Router (with the front GEMV, or on the side stream), MXFP4 experts, tail GEMV."""
-        s, mo, lat = self.settings, self.cfg.moe, self.cfg.moe.latent_dim
-        front, tail = w.packed()
-        c_route, c_moe = self.counters(h.device)
-        t, sh = h.shape[0], w.shared_down.shape[1]
+    def _route_front(self, w: MoeWeights, h: torch.Tensor, front: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Router top-k and the front projection ``h @ front.T``: one launch, or the router on
+        the side stream beside the front GEMV, or one after the other. Returns (weights, ids,
+        front output)."""
+        s, mo = self.settings, self.cfg.moe
+        c_route, _ = self.counters(h.device)
         route = functools.partial(self._route, h, w.gate_w, w.bias, mo.top_k,
                                   mo.routed_scaling_factor, counter=c_route)
-        with_front = s.router_with_front(t, *front.shape)
+        with_front = s.router_with_front(h.shape[0], *front.shape)
         if with_front:  # the front GEMV's SIMT rows ride in the router's launch
             wts, ids, _, fr = route(front=front, pdl=s.pdl)
         elif s.router_on_side_stream(with_front):
@@ -200,6 +208,17 @@ class KernelOps:
         else:
             wts, ids, _ = route(pdl=s.pdl)
             fr = self._gemv(h, front)
+        return wts, ids, fr
+
+    def moe(self, w: MoeWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Router (with the front GEMV, or on the side stream), MXFP4 experts, tail GEMV."""
+        if self.shards.sharded:
+            return self._moe_sharded(w, h, out)
+        s, mo, lat = self.settings, self.cfg.moe, self.cfg.moe.latent_dim
+        front, tail = w.packed()
+        _, c_moe = self.counters(h.device)
+        t, sh = h.shape[0], w.shared_down.shape[1]
+        wts, ids, fr = self._route_front(w, h, front)
         xt = torch.empty(t, lat + sh, dtype=h.dtype, device=h.device)
         glu = {"beta": mo.situ_beta, "linear_beta": mo.situ_linear_beta}
         experts = (fr[:, :lat], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale)
@@ -217,6 +236,41 @@ class KernelOps:
             self._moe(*experts, xt, normalize=True, gu=fr[:, lat:], eps=self.cfg.rms_eps,
                       counter=c_moe, **glu)
         return self._gemv(xt, tail, out)
+
+    def _moe_sharded(self, w: MoeWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The latent MoE of one rank with the latent down / up projections split
+        (``tp/layout.py``): front ``[down rows of this rank ; shared gate_up]`` with the router,
+        all-gather of the latent, MXFP4 experts, then the shared down projection (a partial of
+        every hidden column) and this rank's up-projection rows; reduce-scatter of the shared
+        partial plus the up slice, all-gather of the output. Emulated (no group): the
+        collectives are skipped, the experts read a latent buffer nothing fills, and the output's
+        other columns hold the shared partial (timing only)."""
+        ls, mo, lat = self.shards, self.cfg.moe, self.cfg.moe.latent_dim
+        front, up = w.sharded(ls.rank, ls.world)
+        _, c_moe = self.counters(h.device)
+        t, sh = h.shape[0], w.shared_down.shape[1]
+        lr = lat // ls.world
+        wts, ids, fr = self._route_front(w, h, front)
+        glu = {"beta": mo.situ_beta, "linear_beta": mo.situ_linear_beta}
+        xt = torch.empty(t, lat + sh, dtype=h.dtype, device=h.device)
+        cols = ls.rows(out.shape[1])
+        if ls.group is not None:  # NCCL collectives (eager steps)
+            z = ls.group.all_gather(fr[:, :lr].contiguous(), dim=1, name="latent_gather")
+            routed = self._moe(z, wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, **glu)
+            routed = ls.group.all_reduce(routed, name="latent_all_reduce")
+            self._prep(routed, None, fr[:, lr:], xt, eps=self.cfg.rms_eps, **glu)
+            part = self._gemv(xt[:, lat:], w.shared_down)
+            mine = ls.group.reduce_scatter(part, dim=1, name="shared_reduce_scatter")
+            mine = mine + self._gemv(xt[:, :lat], up)
+            out.copy_(ls.group.all_gather(mine, dim=1, name="moe_out_gather"))
+            return out
+        key = (h.device, t)
+        if key not in self._latent:  # made in the eager warm-up, before any capture
+            self._latent[key] = torch.zeros(t, lat, dtype=h.dtype, device=h.device)
+        self._moe(self._latent[key], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, xt,
+                  normalize=True, gu=fr[:, lr:], eps=self.cfg.rms_eps, counter=c_moe, **glu)
+        self._gemv(xt[:, lat:], w.shared_down, out)
+        return self._gemv(xt[:, :lat], up, out[:, cols])
 
     def dense(self, w: DenseWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Dense layer 0: gate_up GEMV, SiTU, down GEMV."""

@@ -90,18 +90,21 @@ def layer_kernels(ex: Executor, pos: int, inp: StepInputs) -> list[str]:
     return [name for name, _ in layer_kernel_times(ex, pos, inp)]
 
 
-def moe_weight_bytes(w: MoeWeights) -> int:
-    """Bytes of a latent-MoE layer's non-expert weights: router (gate + bias), the replicated
-    latent down and up projections and the latent norm, the shared experts' shard."""
-    return weight_bytes([w.gate_w, w.bias, w.down, w.latent_norm, w.up, w.shared_gate_up,
-                         w.shared_down])
+def moe_weight_bytes(w: MoeWeights, latent_world: int = 1) -> int:
+    """Bytes of a latent-MoE layer's non-expert weights one rank reads: router (gate + bias), the
+    latent down and up projections (whole, or a ``1 / latent_world`` row slice of each where
+    they are split over that many ranks, ``tp/layout.py``) and the latent norm, the shared
+    experts' shard."""
+    latent = weight_bytes([w.down, w.up])
+    return (weight_bytes([w.gate_w, w.bias, w.latent_norm, w.shared_gate_up, w.shared_down])
+            + latent // latent_world)
 
 
-def replicated_bytes(w: MoeWeights) -> int:
-    """Bytes of the weights every TP rank reads whole (vLLM 0.33.0 at decode on Hopper:
-    ``routed_expert_down_proj`` / ``routed_expert_up_proj`` are ReplicatedLinear, the router
-    gate is replicated)."""
-    return weight_bytes([w.gate_w, w.bias, w.down, w.up])
+def replicated_bytes(w: MoeWeights, latent_world: int = 1) -> int:
+    """Bytes of the weights every TP rank reads whole: the router gate, and the latent down /
+    up projections unless they are split (vLLM 0.33.0 at decode on Hopper keeps
+    ``routed_expert_down_proj`` / ``routed_expert_up_proj`` as ReplicatedLinear)."""
+    return weight_bytes([w.gate_w, w.bias] + ([w.down, w.up] if latent_world == 1 else []))
 
 
 def expert_bytes(w: MoeWeights) -> int:
@@ -111,7 +114,7 @@ def expert_bytes(w: MoeWeights) -> int:
 
 def layer_bytes(layer: LayerWeights, cfg: Any, reqs: int, q: int, context: int,
                 ids: torch.Tensor | None = None, *, touched: int | None = None,
-                cache_bytes: int = 1) -> dict[str, int]:
+                cache_bytes: int = 1, latent_world: int = 1) -> dict[str, int]:
     """Bytes a layer must move at least: weights once (AttnRes vectors included), the KDA state
     and conv window read once and written per position, the MLA latent cache rows of
     ``context`` positions per request (``cache_bytes`` per element: 1 fp8, 2 bf16), and the
@@ -138,32 +141,32 @@ def layer_bytes(layer: LayerWeights, cfg: Any, reqs: int, q: int, context: int,
     else:
         if touched is None:
             touched = 0 if ids is None else int(torch.unique(ids).numel())
-        out["ffn"] = moe_weight_bytes(f)
+        out["ffn"] = moe_weight_bytes(f, latent_world)
         out["experts"] = touched * expert_bytes(f)
     out["total"] = sum(out.values())
     return out
 
 
 def step_bytes(weights: ModelWeights, reqs: int, q: int, context: int, touched: dict[int, int],
-               *, cache_bytes: int = 1) -> dict[str, int]:
+               *, cache_bytes: int = 1, latent_world: int = 1) -> dict[str, int]:
     """Bytes ONE rank must read per decode step of ``reqs`` requests x ``q`` tokens at sequence
-    length ``context``, in the layout both executors run: every weight of the shard once (the
-    replicated latent down / up projections and router whole), KDA state and conv window read
-    and written, MLA cache rows, the experts the router picked (``touched``: layer index ->
-    distinct experts), the final AttnRes + norm and the LM head shard, and the step's embedding
-    rows. Activations and collectives are not counted. Returns the parts and ``total``;
-    ``replicated`` (also inside ``ffn``) is the share of the replicated MoE weights."""
+    length ``context``: every weight of the shard once (the router whole, the latent down / up
+    projections whole or, split over ``latent_world`` ranks, this rank's rows), KDA state and
+    conv window read and written, MLA cache rows, the experts the router picked (``touched``:
+    layer index -> distinct experts), the final AttnRes + norm and the LM head shard, and the
+    step's embedding rows. Activations and collectives are not counted. Returns the parts and
+    ``total``; ``replicated`` (also inside ``ffn``) is the share of the replicated MoE weights."""
     cfg = weights.config
     parts = {"attn_res": 0, "attention": 0, "state": 0, "cache": 0, "ffn": 0, "experts": 0,
              "replicated": 0}
     for layer in weights.layers:
         lb = layer_bytes(layer, cfg, reqs, q, context, touched=touched.get(layer.index, 0),
-                         cache_bytes=cache_bytes)
+                         cache_bytes=cache_bytes, latent_world=latent_world)
         for key, val in lb.items():
             if key != "total":
                 parts[key] += val
         if isinstance(layer.ffn, MoeWeights):
-            parts["replicated"] += replicated_bytes(layer.ffn)
+            parts["replicated"] += replicated_bytes(layer.ffn, latent_world)
     t = reqs * q
     parts["head"] = weight_bytes([weights.final_res_norm, weights.final_res_proj,
                                   weights.final_norm, weights.lm_head])

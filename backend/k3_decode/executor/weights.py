@@ -10,7 +10,10 @@ Prepared (packed) forms the specialized executor reads, made once by ``MoeWeight
 ``front = [routed_expert_down_proj ; shared gate_up]`` (one projection of the post-attention
 hidden state) and ``tail = [routed_expert_up_proj * routed_expert_norm | shared down]`` (the
 latent RMSNorm's weight folded into the up-projection's columns; one projection of
-``[rms-scaled routed latent | SiTU(shared)]``).
+``[rms-scaled routed latent | SiTU(shared)]``). With the latent projections split over ranks
+(``tp/layout.py``), ``MoeWeights.sharded(rank, world)`` gives rank ``r``'s ``front = [down rows of
+r ; shared gate_up]`` and ``up = (up * norm)`` rows of ``r``; the shared down projection stays
+whole (its partial is reduce-scattered).
 """
 
 from __future__ import annotations
@@ -82,6 +85,26 @@ class MoeWeights:
     shared_gate_up: torch.Tensor  # [2S, H] bf16 (gate rows first)
     shared_down: torch.Tensor  # [H, S] bf16
     _packed: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    _sharded: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict, repr=False)
+
+    def sharded(self, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(front [L/W + 2S, H], up [H/W, L])`` bf16 of rank ``rank`` of ``world``: this rank's
+        rows of the latent down projection above the shared gate_up, and its rows of the
+        up projection with the latent norm's weight folded in; made once per (rank, world)."""
+        key = (rank, world)
+        if key not in self._sharded:
+            lat, hid = self.down.shape[0], self.up.shape[0]
+            if lat % world or hid % world or not 0 <= rank < world:
+                raise ValueError(f"latent [{lat}] / hidden [{hid}] do not split into rank "
+                                 f"{rank} of {world}")
+            dl, dh = lat // world, hid // world
+            front = torch.cat([self.down[rank * dl:(rank + 1) * dl], self.shared_gate_up],
+                              dim=0).contiguous()
+            up = self.up[rank * dh:(rank + 1) * dh]
+            up = (up.float() * self.latent_norm.float()[None, :]).to(self.up.dtype).contiguous()
+            self._sharded[key] = (front, up)
+        return self._sharded[key]
 
     def packed(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(front [L+2S, H], tail [H, L+S])`` bf16, made once (see the module docstring)."""

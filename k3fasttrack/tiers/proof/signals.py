@@ -9,7 +9,8 @@
   increments in vLLM's engine process, read from each server's ``/metrics``; they grew on the
   candidate and do not exist on the baseline.
 - ``kernel_names`` (GPU): kernel names in a torch-profiler trace (Chrome trace JSON) of the
-  window; every ``kernel_patterns`` regex matches on the candidate's trace, none on the baseline's.
+  window; every ``kernel_patterns`` regex matches on the candidate's trace, none on the baseline's,
+  and every ``baseline_kernel_patterns`` regex (the stock engine's kernels) on the baseline's.
 """
 
 from __future__ import annotations
@@ -131,15 +132,22 @@ def match_patterns(names: list[str], patterns: Iterable[str]) -> dict[str, int]:
     return {p: sum(1 for n in names if re.search(p, n)) for p in patterns}
 
 
-def judge_kernels(windows: list[PathEvidence], patterns: tuple[str, ...], bundle_dir: Path) -> Verdict:
-    """Every pattern matches a kernel in the candidate's profiler trace and none in the baseline's."""
+def judge_kernels(windows: list[PathEvidence], patterns: tuple[str, ...], bundle_dir: Path,
+                  baseline_patterns: tuple[str, ...] = ()) -> Verdict:
+    """Every ``patterns`` regex matches a kernel in the candidate's profiler traces and none in
+    the baseline's; every ``baseline_patterns`` regex (the stock engine's own kernels) matches a
+    kernel in the baseline's traces. The sums hold, per side, how many kernels each regex of
+    both lists matched."""
     cand: dict[str, float] = {}
     base: dict[str, float] = {}
+    every = tuple(dict.fromkeys((*patterns, *baseline_patterns)))
+    base_traces = 0
     for ev in windows:
         if ev.source is None or ev.side == "both":
             continue
-        counts = match_patterns(kernel_names(bundle_dir / ev.source), patterns)
+        counts = match_patterns(kernel_names(bundle_dir / ev.source), every)
         into = cand if ev.side == "candidate" else base
+        base_traces += ev.side == "baseline"
         for p, n in counts.items():
             into[p] = into.get(p, 0.0) + n
     if not patterns:
@@ -152,7 +160,20 @@ def judge_kernels(windows: list[PathEvidence], patterns: tuple[str, ...], bundle
     leaked = [p for p in patterns if base.get(p, 0) > 0]
     if leaked:
         return False, False, f"baseline trace has kernels matching {leaked[0]!r}", cand, base
-    return True, False, f"all {len(patterns)} kernel patterns matched on the candidate", cand, base
+    why = f"all {len(patterns)} kernel patterns matched on the candidate"
+    if not baseline_patterns:
+        return True, False, why, cand, base
+    if not base_traces:
+        why = ("no baseline profiler trace recorded: the profile requires "
+               f"{len(baseline_patterns)} stock kernel patterns there")
+        return False, False, why, cand, base
+    absent = [p for p in baseline_patterns if base.get(p, 0) <= 0]
+    if absent:
+        why = (f"baseline ran no stock kernel matching {absent[0]!r} "
+               f"({len(absent)} of {len(baseline_patterns)} stock patterns unmatched)")
+        return False, False, why, cand, base
+    why += f"; all {len(baseline_patterns)} stock patterns matched on the baseline"
+    return True, False, why, cand, base
 
 
 _TRACE: TypeAdapter[TraceRecord] = TypeAdapter(TraceRecord)
@@ -188,8 +209,9 @@ def trace_window(offsets: dict[str, int], *, tier: str, server_side: str,
 
 
 def judge(signal: ProofSignal, windows: list[PathEvidence], patterns: tuple[str, ...],
-          bundle_dir: Path) -> Verdict:
-    """Dispatch to the signal's judge with the windows of that signal only."""
+          bundle_dir: Path, baseline_patterns: tuple[str, ...] = ()) -> Verdict:
+    """Dispatch to the signal's judge with the windows of that signal only (``patterns`` and
+    ``baseline_patterns``: the profile's ``kernel_patterns`` and ``baseline_kernel_patterns``)."""
     mine = [w for w in windows if w.signal == signal]
     if signal == "spec_decode_counters":
         return judge_counters(mine)
@@ -197,7 +219,7 @@ def judge(signal: ProofSignal, windows: list[PathEvidence], patterns: tuple[str,
         return judge_trace(mine)
     if signal == "executor_counters":
         return judge_executor(mine)
-    return judge_kernels(mine, patterns, bundle_dir)
+    return judge_kernels(mine, patterns, bundle_dir, baseline_patterns)
 
 
 def parse_evidence(items: Iterable[Any]) -> list[PathEvidence]:

@@ -44,7 +44,8 @@ def judge_tier(tier: str, windows: list[PathEvidence], cfg: ProofConfig,
     cand: dict[str, float] = {}
     base: dict[str, float] = {}
     for signal in cfg.signals:
-        ok, ran_stock, why, c, b = judge(signal, windows, cfg.kernel_patterns, bundle_dir)
+        ok, ran_stock, why, c, b = judge(signal, windows, cfg.kernel_patterns, bundle_dir,
+                                         cfg.baseline_kernel_patterns)
         passed, stock = passed and ok, stock or ran_stock
         reasons.append(f"{signal}: {why}")
         cand.update(c)
@@ -221,7 +222,7 @@ def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
     path = bundle_dir / EVIDENCE_FILE
     if not path.is_file():
         return [f"raw evidence {EVIDENCE_FILE} is missing"]
-    cfg = ProofConfig(signals=report.signals, kernel_patterns=_patterns(bundle_dir))
+    cfg = _config(report, bundle_dir)
     evidence = read_evidence(bundle_dir)
     problems: list[str] = [m for m in [_claimed_mismatch(bundle_dir, evidence)] if m]
     proofs = [judge_tier(t, w, cfg, bundle_dir) for t, w in evidence.items()]
@@ -232,6 +233,9 @@ def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
             problems.append(f"{proof.tier}: evidence present but no verdict in the report")
         elif mine.outcome != proof.outcome:
             problems.append(f"{proof.tier}: evidence gives {proof.outcome}, report says {mine.outcome}")
+        elif (mine.candidate, mine.baseline) != (proof.candidate, proof.baseline):
+            problems.append(f"{proof.tier}: the recorded candidate/baseline sums differ from the "
+                            "ones the evidence gives")
     for tier in set(recorded) - set(evidence):
         problems.append(f"{tier}: verdict in the report but no evidence in {EVIDENCE_FILE}")
     status, _, stock = verdict(proofs)
@@ -255,7 +259,7 @@ def restatus(report: TierReport, bundle_dir: Path) -> tuple[TierStatus, str]:
         return generic
     if not (bundle_dir / EVIDENCE_FILE).is_file():
         return "FAIL", f"raw evidence {EVIDENCE_FILE} is missing"
-    cfg = ProofConfig(signals=report.signals, kernel_patterns=_patterns(bundle_dir))
+    cfg = _config(report, bundle_dir)
     evidence = read_evidence(bundle_dir)
     mismatch = _claimed_mismatch(bundle_dir, evidence)
     if mismatch:
@@ -268,10 +272,13 @@ def restatus(report: TierReport, bundle_dir: Path) -> tuple[TierStatus, str]:
     return status, reason
 
 
-def _patterns(bundle_dir: Path) -> tuple[str, ...]:
-    """Kernel patterns from the bundle's ``profile.json`` (the profile the run used)."""
+def _config(report: ProofReport, bundle_dir: Path) -> ProofConfig:
+    """The report's signals with the kernel patterns of the bundle's ``profile.json`` (the
+    profile the run used): the candidate's and the baseline's stock ones."""
     profile = bundle_dir / "profile.json"
-    if not profile.is_file():
-        return ()
-    data = json.loads(profile.read_text())
-    return tuple(data.get("proof", {}).get("kernel_patterns", ()))
+    section: dict[str, Any] = {}
+    if profile.is_file():
+        section = json.loads(profile.read_text()).get("proof") or {}
+    return ProofConfig(signals=report.signals,
+                       kernel_patterns=tuple(section.get("kernel_patterns", ())),
+                       baseline_kernel_patterns=tuple(section.get("baseline_kernel_patterns", ())))
