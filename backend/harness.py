@@ -360,7 +360,10 @@ def _agreement(point: HarnessPoint, s: dict[str, Any], weights: Any, steps: int,
                path: Path) -> None:
     """Both executors against the float64 reference on the same tokens (``executor.agreement``):
     ``steps`` greedy steps of the reference from the point's first inputs, fed to all three;
-    written to ``path`` in the point's evidence folder (part of the signed bundle)."""
+    and the candidate against the baseline (``pairwise``, the baseline's logits as the reference
+    side), which tells apart both executors being equally far from float64 and the candidate
+    drifting from the baseline. Written to ``path`` in the point's evidence folder (part of the
+    signed bundle)."""
     from backend.k3_decode.config import k3_config
     from backend.k3_decode.executor import agreement as A
     from backend.k3_decode.executor.kernel_ops import KernelOps
@@ -416,4 +419,8 @@ def _agreement(point: HarnessPoint, s: dict[str, Any], weights: Any, steps: int,
         rows = A.compare(ref_logits, got)
         out["executors"][name] = {"summary": A.summary(rows),
                                   "requests": [dataclasses.asdict(r) for r in rows]}
+    rows = A.compare(logits[s["baseline"]], logits[CANDIDATE])
+    out["pairwise"] = {f"{CANDIDATE} vs {s['baseline']}": {
+        "executor": CANDIDATE, "against": s["baseline"], "summary": A.summary(rows),
+        "requests": [dataclasses.asdict(r) for r in rows]}}
     path.write_text(json.dumps(out, indent=1) + "\n")

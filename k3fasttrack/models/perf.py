@@ -172,6 +172,49 @@ class AgenticResult(Record):
     metrics: tuple[MetricComparison, ...] = ()
 
 
+class AgreementFigures(Record):
+    """One executor's agreement with a reference over the teacher-forced greedy steps: the
+    ``summary`` an ``agreement.json`` holds for it."""
+
+    executor: str
+    against: str
+    """``float64`` (the file's reference) or, pairwise, the other executor's name."""
+    requests: int
+    diverged: int
+    """Requests whose greedy token differed from the reference's at some step."""
+    first_divergence_min: int | None
+    """Earliest step (0-based) at which any request diverged; None: none did."""
+    smallest_margin_at_divergence: float | None = None
+    """Smallest reference top-1 minus top-2 log-probability at a divergence, nats (a small
+    margin is a near-tie, not an error)."""
+    kl_p50: float
+    """Median over requests of each request's median KL(reference || executor), nats."""
+    kl_max: float
+    max_abs_dlogprob: float
+    """Largest absolute log-probability difference over requests, steps and tokens."""
+
+
+class PointAgreement(Record):
+    """A point's ``agreement.json`` (written by the harness into its evidence folder) in
+    figures; ``error`` holds the file's own error or why it could not be read."""
+
+    point: str
+    file: str
+    """Bundle-relative path of the ``agreement.json``."""
+    reference: str | None = None
+    """What the file says the reference is (float64 arithmetic over the same caches)."""
+    steps: int | None = None
+    requests: int | None = None
+    context: int | None = None
+    vocabulary: str | None = None
+    """Which logits are compared (one TP rank's LM-head shard)."""
+    executors: tuple[AgreementFigures, ...] = ()
+    """Each executor against the float64 reference."""
+    pairwise: tuple[AgreementFigures, ...] = ()
+    """The candidate against the baseline, the baseline's logits as the reference side."""
+    error: str | None = None
+
+
 class PerfReport(TierReportBase):
     """Per-point statistics, same-path checks, plots (filled in by the perf tier)."""
 
@@ -198,3 +241,7 @@ class PerfReport(TierReportBase):
     """Bundle-relative PNG paths."""
     path_evidence: tuple[dict[str, Any], ...] = ()
     """Counter evidence per measured cell: ``k3fasttrack.models.proof.PathEvidence`` dumps."""
+    agreement: tuple[PointAgreement, ...] = ()
+    """Numerical agreement per point that has an ``agreement.json`` in its evidence folder.
+    Information only: it changes no check and not the tier's status; ``recompute`` re-derives
+    it from the files."""

@@ -197,7 +197,52 @@ def perf(r: dict[str, Any]) -> list[str]:
     if r.get("interactivity_formula"):
         out += ["", f"Interactivity: {_c(r['interactivity_formula'])}"]
     out += ["", *[f"Plot: {_c(p)} (in the bundle)" for p in r.get("plots", [])], ""]
-    return out
+    return out + perf_agreement(r)
+
+
+def _first_divergence(f: dict[str, Any]) -> str:
+    step = f.get("first_divergence_min")
+    if step is None:
+        return "none"
+    margin = f.get("smallest_margin_at_divergence")
+    return f"step {step}" + ("" if margin is None else f" (margin {_f(margin)})")
+
+
+def _agreement_title(ok: list[dict[str, Any]]) -> str:
+    steps = {a.get("steps") for a in ok}
+    shards = {a.get("vocabulary") for a in ok}
+    what = (f"{steps.pop()} teacher-forced greedy steps" if len(steps) == 1
+            else "teacher-forced greedy steps")
+    over = f" over {shards.pop()}" if len(shards) == 1 and None not in shards else ""
+    return (f"**Numerical agreement with float64** ({_c(what + over)}); information only, it "
+            "does not change the perf verdict.")
+
+
+def perf_agreement(r: dict[str, Any]) -> list[str]:
+    """Per point with an ``agreement.json``: each executor against the float64 reference and
+    the candidate against the baseline (first divergence, KL p50 / max, max |d logprob|); a
+    point whose file holds an error shows the error. What the reference is, from the files."""
+    points = r.get("agreement") or []
+    if not points:
+        return []
+    ok = [a for a in points if not a.get("error")]
+    out = [_agreement_title(ok), ""]
+    refs = sorted({str(a["reference"]) for a in ok if a.get("reference")})
+    if refs:
+        out += [f"Reference: {_c('; '.join(refs))}. KL(reference \\|\\| executor) per step, "
+                "nats, over the softmax of the shard; pairwise rows take the baseline's logits "
+                "as the reference.", ""]
+    rows: list[list[Any]] = []
+    for a in points:
+        if a.get("error"):
+            rows.append([a["point"], "error", a["error"], "", "", "", ""])
+            continue
+        for f in [*a.get("executors", []), *a.get("pairwise", [])]:
+            rows.append([a["point"], f"{f['executor']} vs {f['against']}",
+                         f"{f['diverged']}/{f['requests']}", _first_divergence(f),
+                         _f(f["kl_p50"]), _f(f["kl_max"]), _f(f["max_abs_dlogprob"])])
+    return out + _table(["point", "comparison", "diverged", "first divergence", "KL p50",
+                         "KL max", "max \\|d logprob\\|"], rows)
 
 
 def kernels(r: dict[str, Any]) -> list[str]:

@@ -100,6 +100,9 @@ class KernelOps:
         """Which rank of how many the latent down / up projections are split over
         (``tp/layout.py``); the default reads them whole."""
         self._latent: dict[tuple[torch.device, int], torch.Tensor] = {}
+        self._shared_part: dict[tuple[torch.device, int], torch.Tensor] = {}
+        """Emulated split layout: the latent the experts read (an all-gather would fill it) and
+        the shared experts' partial (a reduce-scatter would consume it), per (device, tokens)."""
         if s.torch_prep:
             rms_glu_prep, mla_prep = torch_rms_glu_prep, torch_mla_prep
         self._gemv = functools.partial(gemv, pdl=s.pdl, warps=GEMV_CTA_WARPS)
@@ -243,8 +246,9 @@ class KernelOps:
         all-gather of the latent, MXFP4 experts, then the shared down projection (a partial of
         every hidden column) and this rank's up-projection rows; reduce-scatter of the shared
         partial plus the up slice, all-gather of the output. Emulated (no group): the
-        collectives are skipped, the experts read a latent buffer nothing fills, and the output's
-        other columns hold the shared partial (timing only)."""
+        collectives are skipped: the experts read a latent buffer nothing fills, the shared
+        experts (on the side stream, beside the routed ones) write their partial into a buffer
+        nothing reads, the up rows write this rank's output columns (timing only)."""
         ls, mo, lat = self.shards, self.cfg.moe, self.cfg.moe.latent_dim
         front, up = w.sharded(ls.rank, ls.world)
         _, c_moe = self.counters(h.device)
@@ -252,9 +256,9 @@ class KernelOps:
         lr = lat // ls.world
         wts, ids, fr = self._route_front(w, h, front)
         glu = {"beta": mo.situ_beta, "linear_beta": mo.situ_linear_beta}
-        xt = torch.empty(t, lat + sh, dtype=h.dtype, device=h.device)
         cols = ls.rows(out.shape[1])
         if ls.group is not None:  # NCCL collectives (eager steps)
+            xt = torch.empty(t, lat + sh, dtype=h.dtype, device=h.device)
             z = ls.group.all_gather(fr[:, :lr].contiguous(), dim=1, name="latent_gather")
             routed = self._moe(z, wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, **glu)
             routed = ls.group.all_reduce(routed, name="latent_all_reduce")
@@ -267,10 +271,31 @@ class KernelOps:
         key = (h.device, t)
         if key not in self._latent:  # made in the eager warm-up, before any capture
             self._latent[key] = torch.zeros(t, lat, dtype=h.dtype, device=h.device)
-        self._moe(self._latent[key], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, xt,
-                  normalize=True, gu=fr[:, lr:], eps=self.cfg.rms_eps, counter=c_moe, **glu)
-        self._gemv(xt[:, lat:], w.shared_down, out)
-        return self._gemv(xt[:, :lat], up, out[:, cols])
+            self._shared_part[key] = torch.zeros(t, out.shape[1], dtype=h.dtype, device=h.device)
+        shared_part = self._shared_part[key]
+        side = self._side
+
+        def shared() -> None:  # SiTU of the shared gate_up, the down projection's partial
+            act = torch.empty(t, sh, dtype=h.dtype, device=h.device)
+            self._prep(None, None, fr[:, lr:], act, **glu)
+            self._gemv(act, w.shared_down, shared_part)
+            if side is not None:  # freed here, still read on the side stream
+                act.record_stream(side)
+
+        main = torch.cuda.current_stream(h.device)
+        if side is not None:  # the shared experts beside the routed ones
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                shared()
+        else:
+            shared()
+        zn = torch.empty(t, lat, dtype=h.dtype, device=h.device)  # the normalised latent
+        self._moe(self._latent[key], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, zn,
+                  normalize=True, eps=self.cfg.rms_eps, counter=c_moe, **glu)
+        self._gemv(zn, up, out[:, cols])
+        if side is not None:
+            main.wait_stream(side)
+        return out
 
     def dense(self, w: DenseWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Dense layer 0: gate_up GEMV, SiTU, down GEMV."""

@@ -18,6 +18,7 @@ from k3fasttrack.models.profile import Profile
 from k3fasttrack.models.reports import TierReport
 from k3fasttrack.perf import analysis, headline, samepath
 from k3fasttrack.perf.grid import load_grid
+from k3fasttrack.tiers.perf import agreement
 from k3fasttrack.tiers.perf.run import (
     AGENTIC_PREFIX,
     POINT_PREFIX,
@@ -67,13 +68,15 @@ def plan_cells(profile: Profile, tp: int, options: dict[str, object]) -> list[Ce
 
 def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
     """Re-derive every comparison from ``perf/samples.jsonl``, every headline from the raw
-    repeats (executors, floor) and the comparisons, and the same-path checks from
-    ``perf/same_path.jsonl``; check that the listed plots exist."""
+    repeats (executors, floor) and the comparisons, the same-path checks from
+    ``perf/same_path.jsonl``, and the agreement records from the ``agreement.json`` files;
+    check that the listed plots exist."""
     if not isinstance(report, PerfReport):
         return [f"not a perf report: {report.tier}"]
     problems = analysis.recompute_points(report, bundle_dir)
     problems += _runner_problems(report, bundle_dir)
     problems += headline.recompute_headlines(report, bundle_dir)
+    problems += agreement.recompute(report, bundle_dir)
     stored: dict[str, Check] = {c.name: c for c in report.checks}
     rechecked = samepath.recheck(bundle_dir)
     for fresh in rechecked:

@@ -22,6 +22,7 @@ from k3fasttrack.perf.plots import write_plots
 from k3fasttrack.perf.sweep import PointJob, measure_point
 from k3fasttrack.perf.targets import Target, served_model_root
 from k3fasttrack.pipeline.context import NotRunnable, TierContext
+from k3fasttrack.tiers.perf import agreement
 
 PRIMARY_METRICS = ("tpot_ms_median", "output_tok_s", "e2el_ms_median")
 """A significant regression beyond the practical threshold in one of these fails the tier."""
@@ -288,17 +289,20 @@ def _report(
         headline.speed_baseline_check(points, ctx.profile.perf.runner),
     ]
     plots = write_plots(points, ctx.bundle_dir)
-    status, reason = outcome(checks, points)
+    status, reason = outcome(checks, points)  # the agreement figures are information only
+    agreed = agreement.read_all(ctx.bundle_dir)
     return PerfReport(
         status=status,
         reason=reason,
         checks=tuple(checks),
-        raw_files=_raw_files(results, extra["agentic"]) + plots + _evidence_files(extra),
+        raw_files=(_raw_files(results, extra["agentic"]) + plots + _evidence_files(extra)
+                   + tuple(a.file for a in agreed)),
         points=points,
         agentic=agentic,
         geomean_speedup=analysis.geomean_speedups(points),
         plots=plots,
         path_evidence=tuple(extra["evidence"]),
+        agreement=agreed,
         alpha=stats["alpha"],
         practical=stats["practical"],
         **base,
