@@ -78,6 +78,9 @@ class Row:
     floor_us: float | None = None
     floor_bytes: float | None = None
     errors: dict[str, str] = field(default_factory=dict)
+    kernels: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+    """Per side: ``(kernel, device us)`` of one eager call of the op's first layer (torch
+    profiler; eager launches, so only a guide to where a graph replay spends its time)."""
 
 
 def _attn_res_pair(ops: Any, layer: LayerWeights, ws: Workspace, t: int, first: bool,
@@ -191,6 +194,17 @@ def format_table(title: str, rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+def format_kernels(title: str, rows: Sequence[Row]) -> str:
+    """Each op's kernels per side, one line per kernel (name cut to 70 characters)."""
+    out = [f"### {title}", ""]
+    for row in rows:
+        for side, ks in row.kernels.items():
+            total = sum(us for _, us in ks)
+            out.append(f"- {row.op} / {side}: {len(ks)} kernels, {total:.1f} us")
+            out += [f"    {us:7.1f}  {_cell(name, 70)}" for name, us in ks]
+    return "\n".join(out)
+
+
 def format_choices(title: str, choices: Sequence[dict[str, str]]) -> str:
     """The stock side's ``choices()`` as a markdown table."""
     lines = [f"### {title}", "", "| op | vLLM 0.33.0 | used here | why |", "|---|---|---|---|"]
@@ -230,6 +244,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--latent-shards", type=_ints(1, 8, many=False), default=8,
                    help="our latent down/up projections split over this many ranks (one rank "
                         "emulated: its collectives are not run; 1: replicated, as stock)")
+    p.add_argument("--kernels", action="store_true",
+                   help="also print each op's kernels (one eager call of its first layer)")
     p.add_argument("--json", type=Path, default=None, help="also write the tables as JSON here")
     return p.parse_args(list(argv))
 
@@ -305,6 +321,7 @@ def run_point(weights: ModelWeights, batch: int, context: int, ceiling: float,
                 _log(f"b{batch} ctx {context}: {side} {op} ({len(by_op[op])} calls)")
                 try:
                     setattr(row, f"{side}_us", time_calls(by_op[op]))
+                    row.kernels[side] = measure.profiled_kernels(by_op[op][0])
                 except Exception as exc:  # noqa: BLE001 - the cell shows it; the next op runs
                     row.errors[side] = _err(exc)
         rows.append(row)
@@ -347,6 +364,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if p["choices"]:
             print(format_choices("vllm_stock choices, " + title.format(**p), p["choices"]) + "\n")
     for p in points:
+        if args.kernels:
+            print(format_kernels(f"kernels, {title.format(**p)}", p["rows"]) + "\n")
         print(format_table(f"per op, {title.format(**p)} (us per layer)", p["rows"]) + "\n")
     if args.json is not None:
         doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

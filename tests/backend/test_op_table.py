@@ -197,3 +197,12 @@ def test_no_gpu_exits_3(monkeypatch, capsys) -> None:
     assert T.main([]) == 3
     captured = capsys.readouterr()
     assert "no CUDA GPU" in captured.err and captured.out == ""
+
+
+def test_kernel_listing_sums_each_side_and_cuts_long_names() -> None:
+    row = T.Row("moe", 92, kernels={"ours": [("k_a", 2.5), ("k_b", 4.0)],
+                                     "stock": [("x" * 200, 1.0)]})
+    text = T.format_kernels("kernels", [row])
+    assert "- moe / ours: 2 kernels, 6.5 us" in text
+    assert "- moe / stock: 1 kernels, 1.0 us" in text
+    assert "x" * 71 not in text and "..." in text
