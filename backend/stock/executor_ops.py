@@ -2,23 +2,25 @@
 
 The baseline executor of the perf harness ("vllm_stock"). It implements ``executor.model.Ops``
 with the kernels stock vLLM 0.33.0 runs on an H200 for Kimi K3 decode at one TP8 rank
-(collectives skipped: one GPU), loaded from the pack (``backend.stock.ops``) and the Marlin MXFP4
-experts (``backend.stock.marlin_moe``). Where a vLLM piece is not carried, a stand-in runs: the
-fallback vLLM's own code has for it, which is slower than what an install of vLLM 0.33.0 runs
-(its CuTe-DSL GEMMs, Humming and the fused MLA norm / gate are dependencies it installs), so
-every stand-in makes this baseline slower than stock, never faster; ``choices()`` lists every op
-(what vLLM runs, what runs here, why; stand-ins say STAND-IN). Paths below are inside vLLM
-0.33.0's ``vllm/``.
+(collectives skipped: one GPU), loaded from the pack (``backend.stock.ops``), the wheel's own
+Triton and CuTe-DSL files (``triton_kernels``, ``cute_gemm``) and the Marlin MXFP4 experts
+(``backend.stock.marlin_moe``). Where a vLLM piece is not carried, a stand-in runs: the fallback
+vLLM's own code has for it, which is slower than what an install of vLLM 0.33.0 runs (Humming and
+the fused MLA norm / gate are dependencies it installs), so every stand-in makes this baseline
+slower than stock, never faster; ``choices()`` lists every op (what vLLM runs, what runs here,
+why; stand-ins say STAND-IN). Paths below are inside vLLM 0.33.0's ``vllm/``.
 
 Per layer, in vLLM's decode order:
 - AttnRes + input norm: the wheel's own Triton ``_attn_res_kernel``, loaded from its source file
   (``triton_kernels``); without that file the ops refuse to build (``StockUnavailable``).
-- KDA (``models/kimi_k3/nvidia/kda.py`` ``forward``): under CUDA-graph capture at 1-2 tokens
-  (``run_kda_projection_overlap``, ``_projection_overlap_max_tokens = max(KDA_QKVG_CONFIGS)``)
-  the QKVG rows on the main stream and the F_A|beta rows then F_B on an aux stream; otherwise
-  the packed projection then F_B. Then ``_C.fused_kda_decode`` (one token per request), o_proj.
-  Verify steps (2-8 tokens per request) run vLLM's Triton conv + ``fused_recurrent_kda``, not in
-  the pack: ``TorchOps`` (fla's recurrence when importable) stands in for the sublayer.
+- KDA (``models/kimi_k3/nvidia/kda.py`` ``forward``): under CUDA-graph capture at the token counts
+  of the wheel's ``KDA_QKVG_CONFIGS`` (1-2; ``run_kda_projection_overlap``) the QKVG rows through
+  vLLM's CuTe skinny GEMM with those configs on the main stream, and on an aux stream the
+  F_A|beta rows (CuTe, ``KDA_M1_FAB_CONFIG``) then F_B (``dsv3_fused_a_gemm``) at 1 token, at 2
+  tokens cuBLAS + the table for ``kda_skinny_gemm`` (not carried: STAND-IN); otherwise the packed
+  projection then F_B as the table picks. Then ``_C.fused_kda_decode`` (one token per request),
+  o_proj. Verify steps (2-8 tokens per request) run vLLM's Triton conv + ``fused_recurrent_kda``,
+  not in the pack: ``TorchOps`` (fla's recurrence when importable) stands in for the sublayer.
 - MLA (``mla.py`` ``_forward_q_lora`` / ``_attention``): q_a|kv_a on the main stream, the gate
   projection on the aux stream; q/kv RMSNorm (torch eager for the Triton kernel); q_b; ``bmm``
   W_UK; ``_C.fused_kimi_k3_mla_decode_q_concat_kv_cache[_fp8]_insert``; FlashMLA fp8 decode
@@ -27,23 +29,31 @@ Per layer, in vLLM's decode order:
   scheduler metadata) and the slot mapping are made once per step at the first MLA layer (vLLM
   makes them in its metadata builder, outside the model).
 - Latent MoE (``model.py`` ``KimiSparseMoeBlock``, ``latent_moe_runner.py``): router GEMM (fp32
-  out) on the main stream beside the replicated latent down projection on the aux stream;
-  ``_moe_C.grouped_topk``; shared experts (gate_up, ``_C.situ_and_mul``, down) on the aux stream
-  beside the routed Marlin MXFP4 experts; tail ``_overlap_allreduce_tail`` without its
-  collectives: RMSNorm of the latent (``_C.rms_norm``), full up-projection from the replicated
-  weight (``torch.mm``), + shared.
-- bf16 projections: vLLM's H200 table ``KIMI_K3_PROJECTIONS_SM90`` (``low_latency_gemm.py``):
-  ``_C.dsv3_fused_a_gemm`` where it picks dsv3 for the shape and token count; where it picks its
-  CuTe-DSL skinny GEMM (not carried) or has no entry, cuBLAS through ``torch.mm`` (what
-  ``_run_plan`` falls back to without cutlass; a vLLM install has cutlass: a STAND-IN).
+  out: GateLinear tier 1, the wheel's ``ll_bf16_gemm`` kernels, up to its
+  ``LL_BF16_MAX_TOKENS``; cuBLAS above) on the main stream beside the replicated latent down
+  projection on the aux stream; ``_moe_C.grouped_topk``; shared experts (gate_up,
+  ``_C.situ_and_mul``, down) on the aux stream beside the routed Marlin MXFP4 experts; tail
+  ``_overlap_allreduce_tail`` without its collectives: RMSNorm of the latent (``_C.rms_norm``),
+  full up-projection from the replicated weight (``torch.mm``), + shared.
+- bf16 projections: vLLM's H200 table ``KIMI_K3_PROJECTIONS_SM90`` and ``_build_plan``
+  (``low_latency_gemm.py``), read from the wheel at load (``cute_gemm``): vLLM's CuTe-DSL
+  ``CuteSkinnyGemm`` with the table's config where it picks CuTe, ``_C.dsv3_fused_a_gemm``
+  (``enable_pdl=True``, as ``_run_plan``) where it picks dsv3, cuBLAS (``torch.mm``) where it has
+  no entry or where vLLM's ``_runtime_ok`` / packed-row checks hand the call to cuBLAS (recorded).
+
+vLLM's CuTe-DSL GEMMs need ``cutlass`` (our CuTe DSL kit) and the wheel's files; without them the
+ops refuse to build (``StockUnavailable``), unless ``$K3_STOCK_CUTE_STAND_IN=1``
+(``CUTE_STAND_IN_ENV``): then cuBLAS runs in their place and every row concerned says STAND-IN.
 
 Weight preparation (the Marlin repack of each layer's experts, the reciprocal cache scales) is
 made once per layer on the first (eager) step and cached; a step allocates only through torch,
-so it can be captured in a CUDA graph. This module imports no CuTe DSL.
+so it can be captured in a CUDA graph. CuTe configs compile on their first (eager) use; the KDA
+overlap's, used under capture only, compile in the eager step of the same token count.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -53,40 +63,29 @@ from backend.k3_decode.config import K3Config
 from backend.k3_decode.executor.state import F8, KdaCache, MlaCache, StepInputs
 from backend.k3_decode.executor.torch_ops import TorchOps, rms, situ_glu
 from backend.k3_decode.executor.weights import DenseWeights, KdaWeights, MlaWeights, MoeWeights
+from backend.stock import cute_gemm, triton_kernels
 from backend.stock import ops as stock
-from backend.stock import triton_kernels
 
 NAME = "vllm_stock"
 
-DSV3_TOKENS_SM90: dict[tuple[int, int], frozenset[int]] = {
-    (1536, 128): frozenset(range(1, 9)),
-    (3072, 128): frozenset({1, 2, 5, 6, 7, 8, 9}),
-    (1536, 7168): frozenset(range(7, 17)),
-    (2112, 7168): frozenset(range(5, 17)),
-    (2304, 1536): frozenset(range(3, 9)),
-}
-"""``(N, K) -> token counts`` where ``KIMI_K3_PROJECTIONS_SM90`` picks ``dsv3_fused_a_gemm``."""
-
-CUTE_TOKENS_SM90: dict[tuple[int, int], int] = {
-    (1536, 7168): 6, (3072, 7168): 4, (2112, 7168): 4, (2304, 1536): 2, (4608, 1536): 3,
-    (3584, 7168): 3, (6288, 7168): 3, (12448, 7168): 3, (7168, 768): 2, (7168, 1536): 2,
-    (7168, 3072): 3, (7168, 3584): 3, (7168, 4224): 2, (7168, 8448): 2, (7168, 14336): 2,
-    (20480, 7168): 3,
-}
-"""``(N, K) -> largest token count`` with a CuTe skinny-GEMM config in that table (1..n)."""
-
-KDA_OVERLAP_MAX_TOKENS = 2
-"""``max(KDA_QKVG_CONFIGS)``: the KDA projection overlap runs at 1-2 tokens, under capture."""
-KDA_FAB_ROWS = 128 + 12
-"""F_A (128) + beta (12 heads at TP8) rows after the QKVG rows of the packed KDA projection."""
 MLA_GATE_STREAM_MAX_TOKENS = 511  # mla.py: tokens < _GATE_MULTI_STREAM_TOKEN_THRESHOLD (512)
 DOWN_PROJ_STREAM_MAX_TOKENS = 256  # model.py: _ROUTED_DOWN_PROJ_STREAM_TOKEN_THRESHOLD
 SHARED_STREAM_MAX_TOKENS = 256  # envs: VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD
 
-CUTE_STAND_IN = ("STAND-IN, slower than stock where vLLM's table picks CuTe: its CuTe-DSL skinny "
-                 "GEMMs are not carried (vLLM 0.33.0 requires nvidia-cutlass-dsl, so an install "
-                 "runs them; cuBLAS is only its fallback without cutlass)")
-"""Why a CuTe-DSL GEMM of vLLM's runs as cuBLAS here: it makes stock slower, not faster."""
+CUTE_STAND_IN_ENV = "K3_STOCK_CUTE_STAND_IN"
+"""``1``: build even when vLLM's CuTe-DSL GEMMs do not load (no ``cutlass``, a file missing from
+``<root>/py``): cuBLAS runs where they would, each such row marked STAND-IN. Unset (default),
+their absence refuses the build (``StockUnavailable``), as a missing Triton AttnRes file does.
+The wheel's table itself is always needed."""
+CUTE_STAND_IN = (f"STAND-IN, slower than stock: vLLM's CuTe-DSL GEMMs did not load and "
+                 f"${CUTE_STAND_IN_ENV}=1 let cuBLAS run in their place (vLLM 0.33.0 requires "
+                 "nvidia-cutlass-dsl, so an install runs them; cuBLAS is only its fallback "
+                 "without cutlass)")
+"""Why a CuTe-DSL GEMM of vLLM's runs as cuBLAS in the stand-in mode: stock gets slower."""
+_CUTE_OPS = frozenset({"kda.projection", "mla.projections", "moe.router", "moe.latent_down",
+                       "moe.shared", "dense", "logits"})
+"""The ops where vLLM's table or GateLinear picks a CuTe-DSL GEMM at decode token counts."""
+_TABLE = "per KIMI_K3_PROJECTIONS_SM90, read from the wheel (rows 'gemm NxK M=m')"
 
 _FIXED_CHOICES: list[dict[str, str]] = [
     {"op": "embed", "vllm_0_33": "_C.vocab_parallel_embedding (TP>1 fused gather)",
@@ -98,17 +97,19 @@ _FIXED_CHOICES: list[dict[str, str]] = [
     {"op": "kda.projection", "vllm_0_33": "1-2 tokens under capture: QKVG CuTe skinny GEMM (main) "
      "|| F_A|beta CuTe skinny + F_B dsv3 at 1 token / kda_skinny_gemm at 2 (aux stream); else "
      "in_proj_qkvgfab per KIMI_K3_PROJECTIONS_SM90 (CuTe at 1-3, cuBLAS after) + F_B (dsv3 at "
-     "1-8)", "used": "same streams and order; CuTe pieces -> torch.mm (cuBLAS); F_B -> "
-     "_C.dsv3_fused_a_gemm at 1-8 tokens, cuBLAS above",
-     "why": CUTE_STAND_IN},
+     "1-8)", "used": "same streams and order; QKVG and (1 token) F_A|beta through the wheel's "
+     "CuteSkinnyGemm with its KDA_QKVG_CONFIGS / KDA_M1_FAB_CONFIG, F_B through "
+     "_C.dsv3_fused_a_gemm; at 2 tokens under capture F_A|beta by torch.mm and F_B " + _TABLE
+     + "; else in_proj and F_B " + _TABLE,
+     "why": "vLLM's own kernels and configs; STAND-IN, slower than stock, only for the 2-token "
+     "F_A|beta and F_B under capture: kda_skinny_gemm (ops/cute_dsl) is not carried"},
     {"op": "kda.core", "vllm_0_33": "_C.fused_kda_decode (one token per request); verify: "
      "Triton causal_conv1d_update + fused_recurrent_kda + FusedRMSNormGated",
      "used": "_C.fused_kda_decode at q=1; at q>1 TorchOps' KDA sublayer (fla recurrence when "
      "importable, else torch)", "why": "the verify path's Triton kernels are not in the pack"},
     {"op": "mla.projections", "vllm_0_33": "q_a|kv_a (2112x7168) main || gate (1536x7168) aux "
      "stream; q_b (2304x1536); per KIMI_K3_PROJECTIONS_SM90", "used": "same split and streams; "
-     "dsv3 where the table picks it, torch.mm (cuBLAS) where it picks CuTe or nothing",
-     "why": CUTE_STAND_IN},
+     + _TABLE, "why": "vLLM's own kernels and table"},
     {"op": "mla.qkv_norm", "vllm_0_33": "Triton FusedQKVRMSNormKernel", "used": "torch eager",
      "why": "STAND-IN, slower than stock: that Triton file is not carried yet"},
     {"op": "mla.attention", "vllm_0_33": "bmm W_UK, _C.fused_kimi_k3_mla_decode_q_concat_kv_cache"
@@ -120,25 +121,27 @@ _FIXED_CHOICES: list[dict[str, str]] = [
      "why": "STAND-IN, slower than stock: Inductor is not run here"},
     {"op": "moe.router", "vllm_0_33": "GateLinear tier 1: CuTe-DSL ll_bf16_gemm (fp32 out), on "
      "the main stream beside the latent down projection on the aux stream; _moe_C.grouped_topk",
-     "used": "torch.mm(x, W.T, out_dtype=float32) (GateLinear tier 6, cuBLAS) beside the down "
-     "projection; _moe_C.grouped_topk", "why": CUTE_STAND_IN},
+     "used": "the wheel's ll_bf16_gemm kernels as its LLBf16Gemm.dispatch picks them (dot "
+     "product / split-K) up to GateLinear.LL_BF16_MAX_TOKENS tokens, else torch.mm(x, W.T, "
+     "out_dtype=float32) (tier 6, cuBLAS), beside the down projection (rows 'router M=m'); "
+     "_moe_C.grouped_topk", "why": "vLLM's own kernels and tiers"},
     {"op": "moe.latent_down", "vllm_0_33": "ReplicatedLinear 3584x7168 (CuTe at 1-3 tokens, "
-     "cuBLAS after), whole on every rank", "used": "torch.mm (cuBLAS), whole",
-     "why": CUTE_STAND_IN},
+     "cuBLAS after), whole on every rank", "used": "whole, " + _TABLE,
+     "why": "vLLM's own kernels and table"},
     {"op": "moe.shared", "vllm_0_33": "aux stream beside the routed experts: gate_up (CuTe 1-6 / "
-     "dsv3 7-16), _C.situ_and_mul, down (CuTe 1-2 / cuBLAS)", "used": "aux stream; dsv3 where "
-     "the table picks it, else torch.mm; _C.situ_and_mul when registered, else torch eager",
-     "why": CUTE_STAND_IN},
+     "dsv3 7-16), _C.situ_and_mul, down (CuTe 1-2 / cuBLAS)", "used": "aux stream; gate_up and "
+     "down " + _TABLE + "; _C.situ_and_mul when registered, else torch eager",
+     "why": "vLLM's own kernels and table"},
     {"op": "moe.tail", "vllm_0_33": "_overlap_allreduce_tail: fused all-reduce + RMSNorm of the "
      "latent, torch.mm with the replicated up weight, shared all-reduce on the aux stream, add",
      "used": "_C.rms_norm when registered (else torch eager), torch.mm (whole up weight), add",
      "why": "one GPU: the collectives are skipped, the bytes read stay vLLM's"},
     {"op": "dense", "vllm_0_33": "KimiMLP: gate_up (cuBLAS), _C.situ_and_mul, down (CuTe 1-2 / "
-     "cuBLAS)", "used": "torch.mm; _C.situ_and_mul when registered, else torch eager",
-     "why": CUTE_STAND_IN},
+     "cuBLAS)", "used": "gate_up and down " + _TABLE + "; _C.situ_and_mul when registered, "
+     "else torch eager", "why": "vLLM's own kernels and table"},
     {"op": "logits", "vllm_0_33": "ParallelLMHead 20480x7168 (CuTe 1-3, cuBLAS after), bf16 "
-     "logits, then fp32", "used": "torch.mm (cuBLAS) bf16, cast into the fp32 logits buffer",
-     "why": CUTE_STAND_IN},
+     "logits, then fp32", "used": "bf16 " + _TABLE + ", cast into the fp32 logits buffer",
+     "why": "vLLM's own kernels and table"},
 ]
 
 
@@ -172,8 +175,11 @@ class VllmStockOps:
     ``max_context``: the longest sequence a step will see (FA3's ``max_seqlen_k``; vLLM passes
     the batch's maximum from the host). ``side_streams``: run vLLM's aux-stream overlaps.
     ``root``: where the pack is unpacked (default ``$K3_STOCK_ROOT`` / ``/root/vllm_stock``).
-    Construction loads the pack and imports the Marlin experts; a missing piece raises
-    ``stock.StockUnavailable`` naming it.
+    Construction loads the pack, the wheel's Triton AttnRes and CuTe-DSL GEMMs with their table
+    (``cute_gemm``) and imports the Marlin experts; a missing piece raises
+    ``stock.StockUnavailable`` naming it. Missing CuTe GEMMs (no ``cutlass``) refuse the build
+    too, unless ``$K3_STOCK_CUTE_STAND_IN=1`` (``load_cute``): then cuBLAS stands in for them,
+    marked STAND-IN in ``choices()``.
     """
 
     name = NAME
@@ -198,7 +204,12 @@ class VllmStockOps:
         self._ones: dict[torch.device, torch.Tensor] = {}
         self._cu_q: dict[tuple, torch.Tensor] = {}
         self._plan: dict[str, Any] | None = None
-        self._gemms: dict[tuple[int, int, int], str] = {}
+        self._gemms: dict[tuple[int, int, int], tuple[str, str]] = {}
+        self._kda_gemms: dict[tuple[str, int], tuple[str, str]] = {}
+        self._routers: dict[int, tuple[str, str]] = {}
+        # vLLM's H200 table and CuTe-DSL GEMMs, from the wheel's files (see load_cute)
+        self._table, self._cute, self._cute_stand_in = load_cute(root)
+        self._kda_overlap_max = max(self._table.kda_qkvg)
         # vLLM's own Triton AttnRes, from the wheel's source file; without it the baseline
         # would not be vLLM's (an eager stand-in costs stock several ms per step), so a missing
         # file is StockUnavailable like a missing library
@@ -223,29 +234,95 @@ class VllmStockOps:
         out = [dict(c) if c["op"] != "attn_res" else
                {**c, "used": self._attn_res_used, "why": "vLLM's own kernel on Hopper"}
                for c in _FIXED_CHOICES]
+        if self._cute_stand_in is not None:
+            out = [{**c, "why": self._cute_stand_in} if c["op"] in _CUTE_OPS else c for c in out]
+        out.append({"op": "cute_dsl", "vllm_0_33": "CuteSkinnyGemm, ll_bf16_gemm (CuTe DSL, "
+                    "nvidia-cutlass-dsl 4.8.0)", "used": self._cute.describe() if self._cute
+                    else "cuBLAS", "why": self._cute_stand_in or "vLLM's own kernels, compiled "
+                    "by our CuTe DSL 4.8.1 kit and launched through pointers instead of TVM-FFI "
+                    "(the same kernel PTX as vLLM's compile)"})
         out += [{"op": f"moe.experts.{c.get('step', '?')}", "vllm_0_33": str(c.get("vllm_0_33")),
                  "used": str(c.get("used")), "why": str(c.get("why"))}
                 for c in self._marlin.CHOICES]
         out += [{"op": f"_C.{k}", "vllm_0_33": f"_C.{k}", "used": v,
                  "why": "not registered by the pack's _C"} for k, v in self._fallbacks.items()]
-        out += [{"op": f"gemm {n}x{k} M={m}", "vllm_0_33": _table_pick(n, k, m), "used": used,
-                 "why": "KIMI_K3_PROJECTIONS_SM90"}
-                for (n, k, m), used in sorted(self._gemms.items())]
+        out += [{"op": f"gemm {n}x{k} M={m}", "vllm_0_33": self._vllm_pick(n, k, m),
+                 "used": used, "why": why}
+                for (n, k, m), (used, why) in sorted(self._gemms.items())]
+        out += [{"op": f"{part} M={m}", "vllm_0_33": "CuteSkinnyGemm (run_kda_projection_overlap)",
+                 "used": used, "why": why}
+                for (part, m), (used, why) in sorted(self._kda_gemms.items())]
+        out += [{"op": f"router M={m}", "vllm_0_33": "GateLinear: ll_bf16_gemm up to "
+                 "LL_BF16_MAX_TOKENS, else cuBLAS fp32-out", "used": used, "why": why}
+                for m, (used, why) in sorted(self._routers.items())]
         return out
+
+    def _vllm_pick(self, n: int, k: int, m: int) -> str:
+        kind, config = self._table.entry(n, k, m)
+        return {"cute": f"CuteSkinnyGemm ({cute_gemm.short(config)})",
+                "dsv3": "_C.dsv3_fused_a_gemm"}.get(kind, "cuBLAS (no table entry)")
 
     # ------------------------------------------------------------------ GEMMs
     def _gemm(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None
               ) -> torch.Tensor:
-        """``x @ w.T`` the way vLLM's low-latency plan runs it on an H200."""
+        """``x @ w.T`` the way vLLM's low-latency linear method runs it on an H200: the wheel's
+        plan for (N, K, M); cuBLAS where it has no entry or vLLM would hand the call to cuBLAS."""
         m, (n, k) = x.shape[0], w.shape
-        row_ok = x.stride(1) == 1 and (m == 1 or x.stride(0) % 8 == 0)
-        if m in DSV3_TOKENS_SM90.get((n, k), ()) and row_ok and w.stride() == (k, 1):
-            self._gemms[(n, k, m)] = "dsv3_fused_a_gemm"
-            res = out if out is not None else torch.empty(m, n, dtype=x.dtype, device=x.device)
-            stock.op("_C", "dsv3_fused_a_gemm", self.root)(res, x, w.t(), False)
-            return res
-        self._gemms[(n, k, m)] = "cuBLAS (torch.mm)"
-        return torch.mm(x, w.t(), out=out) if out is not None else torch.mm(x, w.t())
+        kind, config = self._table.entry(n, k, m)
+        why = "no KIMI_K3_PROJECTIONS_SM90 entry" if kind == "cublas" else None
+        if why is None and (reason := self._table.fallback(x, w)) is not None:
+            why = f"as vLLM, which falls back to cuBLAS here: {reason}"
+        if why is None and kind == "cute":
+            why = self._cute_stand_in
+            if why is None and (reason := self._table.unsupported(x, w, config)) is not None:
+                why = f"vLLM's skinny GEMM wrapper raises here ({reason}); cuBLAS instead"
+        if why is not None:
+            self._gemms[(n, k, m)] = ("cuBLAS (torch.mm)", why)
+            return torch.mm(x, w.t(), out=out) if out is not None else torch.mm(x, w.t())
+        res = out if out is not None and out.is_contiguous() else torch.empty(
+            m, n, dtype=x.dtype, device=x.device)
+        if kind == "cute":
+            assert self._cute is not None
+            self._cute.run(x, w, res, config)
+            self._gemms[(n, k, m)] = (f"the wheel's CuteSkinnyGemm ({cute_gemm.short(config)})",
+                                      "KIMI_K3_PROJECTIONS_SM90 (_build_plan)")
+        else:  # _run_plan's dsv3 call, PDL enabled as there
+            stock.op("_C", "dsv3_fused_a_gemm", self.root)(res, x, w.t(), True)
+            self._gemms[(n, k, m)] = ("_C.dsv3_fused_a_gemm (enable_pdl)",
+                                      "KIMI_K3_PROJECTIONS_SM90 (_build_plan)")
+        if out is not None and res is not out:
+            out.copy_(res)
+        return out if out is not None else res
+
+    def _kda_cute(self, x: torch.Tensor, w: torch.Tensor, config: Any, part: str
+                  ) -> torch.Tensor:
+        """One piece of ``run_kda_projection_overlap``: vLLM's skinny GEMM with its KDA config."""
+        m = x.shape[0]
+        why = self._cute_stand_in or self._table.unsupported(x, w, config)
+        if why is not None:
+            self._kda_gemms[(part, m)] = ("cuBLAS (torch.mm)", why)
+            return torch.mm(x, w.t())
+        assert self._cute is not None
+        out = torch.empty(m, w.shape[0], dtype=x.dtype, device=x.device)
+        self._kda_gemms[(part, m)] = (f"the wheel's CuteSkinnyGemm ({cute_gemm.short(config)})",
+                                      "vLLM's KDA overlap config")
+        return self._cute.run(x, w, out, config)
+
+    def _router(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """The router logits (fp32) as GateLinear picks its tier: 1 (``ll_bf16_gemm``) or 6."""
+        m = x.shape[0]
+        why = self._cute_stand_in
+        if why is None and self._cute is not None:
+            reason = self._cute.router_unsupported(x, w)
+            why = None if reason is None else f"as vLLM: {reason}"
+        if why is not None:
+            self._routers[m] = ("torch.mm(x, W.T, out_dtype=float32) (GateLinear tier 6)", why)
+            return _mm_fp32(x, w)
+        assert self._cute is not None
+        key = self._cute.router_key(m, x.shape[1], w.shape[0])
+        self._routers[m] = (f"the wheel's ll_bf16_gemm ({cute_gemm.short(key)})",
+                            "GateLinear tier 1")
+        return self._cute.router(x, w)
 
     def _situ(self, gu: torch.Tensor) -> torch.Tensor:
         mo = self.cfg.moe
@@ -289,19 +366,31 @@ class VllmStockOps:
             return self._torch.kda(w, h, cache, inp, out)
         k = self.cfg.kda
         t, nh, hd = h.shape[0], k.num_heads, k.num_heads * k.head_dim
-        overlap = (self._aux is not None and 0 < t <= KDA_OVERLAP_MAX_TOKENS
-                   and torch.cuda.is_current_stream_capturing())
+        overlap = (self._aux is not None and 0 < t <= self._kda_overlap_max
+                   and h.stride() == (h.shape[1], 1) and torch.cuda.is_current_stream_capturing())
         if overlap:  # run_kda_projection_overlap
             fork = _Fork(self._aux)
-            qkvg = torch.mm(h, w.in_proj[: 4 * hd].t())  # CuTe skinny GEMM stand-in
+            qkvg = self._kda_cute(h, w.in_proj[: 4 * hd], self._table.kda_qkvg[t], "kda.qkvg")
 
             def fab_fb() -> tuple[torch.Tensor, torch.Tensor]:
-                fab = torch.mm(h, w.in_proj[4 * hd :].t())  # CuTe stand-in (F_A|beta|pad)
+                if t == 1:
+                    fab = self._kda_cute(h, w.in_proj[4 * hd : 4 * hd + k.f_rank + nh],
+                                         self._table.kda_fab, "kda.fab")  # F_A|beta, no pad
+                else:  # kda_skinny_gemm.run_n / run_k are not carried: STAND-IN
+                    fab = torch.mm(h, w.in_proj[4 * hd :].t())
+                    self._kda_gemms[("kda.fab", t)] = (
+                        "torch.mm, then F_B as the table picks", "STAND-IN, slower than stock: "
+                        "vLLM's kda_skinny_gemm (run_n, run_k) is not carried")
                 return self._gemm(fab[:, : k.f_rank], w.f_b), fab[:, k.f_rank : k.f_rank + nh]
 
             g1, beta = fork.run(fab_fb)
             fork.join()
         else:
+            if self._aux is not None and self._cute is not None and t in self._table.kda_qkvg:
+                # the overlap runs under capture only: compile its configs in this eager step
+                self._cute.prepare(self._table.kda_qkvg[t])
+                if t == 1:
+                    self._cute.prepare(self._table.kda_fab)
             proj = self._gemm(h, w.in_proj)
             qkvg = proj[:, : 4 * hd]
             g1 = self._gemm(proj[:, 4 * hd : 4 * hd + k.f_rank], w.f_b)
@@ -399,7 +488,7 @@ class VllmStockOps:
         t = h.shape[0]
         prep = self._prepared(w)
         down = _Fork(self._aux if t <= DOWN_PROJ_STREAM_MAX_TOKENS else None)
-        logits = _mm_fp32(h, w.gate_w)  # GateLinear tier 6 (ll_bf16_gemm stand-in)
+        logits = self._router(h, w.gate_w)
         z = down.run(lambda: self._gemm(h, w.down))
         down.join()
         wts, ids = stock.grouped_topk(logits, w.bias, mo.top_k, mo.routed_scaling_factor)
@@ -422,13 +511,20 @@ class VllmStockOps:
         return out.copy_(self._gemm(h, lm_head))
 
 
-def _table_pick(n: int, k: int, m: int) -> str:
-    """What ``KIMI_K3_PROJECTIONS_SM90`` picks for ``(n, k)`` at ``m`` tokens."""
-    if m <= CUTE_TOKENS_SM90.get((n, k), 0):
-        return "CuTe skinny GEMM"
-    if m in DSV3_TOKENS_SM90.get((n, k), ()):
-        return "dsv3_fused_a_gemm"
-    return "cuBLAS"
+def load_cute(root: str | None = None) -> tuple[cute_gemm.Projections,
+                                               cute_gemm.CuteGemms | None, str | None]:
+    """``(table, CuTe GEMMs, None)`` from the wheel's files; when the GEMMs do not load (no
+    ``cutlass``, a missing file) ``StockUnavailable``, or with ``$K3_STOCK_CUTE_STAND_IN=1``
+    ``(table, None, why)``: cuBLAS then stands in, marked STAND-IN. No table: always refused."""
+    table = cute_gemm.load_table(root)
+    try:
+        return table, cute_gemm.load(root), None
+    except stock.StockUnavailable as exc:
+        if os.environ.get(CUTE_STAND_IN_ENV) != "1":
+            raise stock.StockUnavailable(
+                f"vLLM's CuTe-DSL GEMMs did not load ({exc}); ${CUTE_STAND_IN_ENV}=1 runs "
+                "cuBLAS in their place, marked STAND-IN") from None
+        return table, None, f"{CUTE_STAND_IN} ({exc})"
 
 
 def _mm_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

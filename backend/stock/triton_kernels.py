@@ -1,10 +1,11 @@
 """vLLM 0.33.0's own Triton kernels for K3, loaded from the released wheel's source files at run
 time (vLLM itself is never imported or installed).
 
-``PY_FILES`` names the wheel files used. On the CPU host, ``python -m backend.stock.triton_kernels
---wheel W --out .gpu-kit-stock`` copies them out of the wheel, unchanged, to
-``<out>/py/<wheel path>`` with ``py/MANIFEST.json`` (sha256 of each); a device call carries that
-folder and puts it under the pack root (``/root/vllm_stock``), see ``DEVICE.md``.
+``PY_FILES`` names the wheel files used here, ``cute_gemm.PY_FILES`` those of vLLM's CuTe-DSL
+GEMMs (``wheel_files``: both). On the CPU host, ``python -m backend.stock.triton_kernels --wheel W
+--out .gpu-kit-stock`` copies them out of the wheel, unchanged, to ``<out>/py/<wheel path>`` with
+``py/MANIFEST.json`` (sha256 of each); a device call carries that folder and puts it under the
+pack root (``/root/vllm_stock``), see ``DEVICE.md``.
 
 Loading a file executes it as a module with three shim modules in ``sys.modules`` for the
 duration of the import (``SHIMS``: what each stands for); they are removed afterwards, so nothing
@@ -134,13 +135,20 @@ def attn_res(module: Any, prefix: torch.Tensor, delta: torch.Tensor | None,
     return out
 
 
+def wheel_files() -> list[str]:
+    """Every wheel file the stock baseline loads at run time: ``PY_FILES`` and the CuTe GEMMs'."""
+    from backend.stock import cute_gemm
+
+    return sorted({*PY_FILES.values(), *cute_gemm.PY_FILES.values()})
+
+
 def extract(wheel: Path, out_dir: Path) -> dict[str, str]:
-    """Copy ``PY_FILES`` out of the wheel to ``<out_dir>/py/``; returns path -> sha256 (also
-    written to ``py/MANIFEST.json``)."""
+    """Copy ``wheel_files()`` out of the wheel to ``<out_dir>/py/``; returns path -> sha256
+    (also written to ``py/MANIFEST.json``)."""
     digests = {}
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
-        for rel in PY_FILES.values():
+        for rel in wheel_files():
             if rel not in names:
                 raise SystemExit(f"triton_kernels: error: {wheel.name} holds no {rel}")
             data = zf.read(rel)
@@ -154,8 +162,8 @@ def extract(wheel: Path, out_dir: Path) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Copy vLLM 0.33.0's K3 Triton kernel files out of "
-                                             "the wheel for a device call.")
+    ap = argparse.ArgumentParser(description="Copy vLLM 0.33.0's K3 Triton and CuTe-DSL kernel "
+                                             "files out of the wheel for a device call.")
     ap.add_argument("--wheel", type=Path, default=Path("/tmp/vllm033") / WHEEL_NAME)
     ap.add_argument("--out", type=Path, default=Path(".gpu-kit-stock"))
     args = ap.parse_args(argv)
