@@ -392,3 +392,24 @@ def test_a_run_named_after_a_shipped_profile_gates_with_its_limits(tmp_path) -> 
     with pytest.raises(ReportInvalidError, match="tokens section"):
         _check_embedded_gates(tmp_path, "cpu-demo")
     _check_embedded_gates(tmp_path, "my-looser-profile")  # another name may declare its own
+
+
+def test_a_field_added_to_a_gate_section_since_the_run_compares_as_its_default(tmp_path) -> None:
+    """A bundle written before a gate section gained a field (absent from its profile.json)
+    still gates with the shipped limits when the shipped value is that field's default; a
+    recorded value other than the shipped one is refused, and so is a profile.json that is not a
+    profile."""
+    from k3fasttrack.bundle.recheck import _check_embedded_gates
+
+    shipped = load_profile("cpu-demo").model_dump(mode="json")
+    older = {**shipped, "proof": {k: v for k, v in shipped["proof"].items()
+                                  if k != "baseline_kernel_patterns"}}
+    (tmp_path / "profile.json").write_text(json.dumps(older))
+    _check_embedded_gates(tmp_path, "cpu-demo")
+    other = {**shipped, "proof": {**shipped["proof"], "baseline_kernel_patterns": ["x"]}}
+    (tmp_path / "profile.json").write_text(json.dumps(other))
+    with pytest.raises(ReportInvalidError, match="proof section"):
+        _check_embedded_gates(tmp_path, "cpu-demo")
+    (tmp_path / "profile.json").write_text(json.dumps({**shipped, "tiers": "not a list"}))
+    with pytest.raises(ReportInvalidError, match="does not validate"):
+        _check_embedded_gates(tmp_path, "cpu-demo")
