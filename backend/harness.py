@@ -39,7 +39,12 @@ backend/k3_decode/ops/router/NOTES.md), ``K3FT_HARNESS_SEED`` (weights, default 
 many ranks, ``tp/layout.py``: 1 or the shard TP degree, default the latter; one rank's local
 work is timed, its collectives are not run), ``K3FT_HARNESS_AGREEMENT_STEPS`` (default 8; 0:
 off: at pure-decode points up to ``AGREEMENT_MAX_CONTEXT``, both executors against the float64
-reference on the reference's greedy tokens, ``perf/evidence/<point>/agreement.json``); the
+reference on the reference's greedy tokens, ``perf/evidence/<point>/agreement.json``),
+``K3FT_HARNESS_AGREEMENT_DEPTH`` (default 8: the agreement runs the timed model's first 8 layers
+with its final norm and LM head; 0: all of them. At 93 layers of seeded random weights bf16
+rounding anywhere decides the greedy token: both executors, and each against the other, part
+from float64 at the first step, so the whole depth cannot tell a right executor from a wrong
+one); the
 candidate's kernel choices are ``DecodeSettings.from_env()`` (``K3_DECODE_<FIELD>`` overrides).
 
 Memory at the defaults (TP8 shard, 93 layers, 224 experts, both sides): attention weights 9.8 GB,
@@ -111,6 +116,7 @@ def settings() -> dict[str, Any]:
             "latent_shards": int(os.environ.get("K3FT_HARNESS_LATENT_SHARDS",
                                                 os.environ.get("K3FT_HARNESS_SHARD_TP", "8"))),
             "agreement_steps": int(os.environ.get("K3FT_HARNESS_AGREEMENT_STEPS", "8")),
+            "agreement_depth": int(os.environ.get("K3FT_HARNESS_AGREEMENT_DEPTH", "8")),
         }
     except ValueError as exc:
         raise UsageError(f"K3FT_HARNESS_*: {exc}") from None
@@ -375,6 +381,9 @@ def _agreement(point: HarnessPoint, s: dict[str, Any], weights: Any, steps: int,
     torch.cuda.empty_cache()
     p = point.params
     cfg = k3_config(s["shard_tp"])
+    depth = s["agreement_depth"]
+    if 0 < depth < len(weights.layers):  # the timed model's first layers, its norm and head
+        weights = dataclasses.replace(weights, layers=weights.layers[:depth])
     ctx, last = p.input_len, p.input_len + steps - 1
     vocab = weights.lm_head.shape[0]
     layers = [(layer.index, layer.kind) for layer in weights.layers]
@@ -412,7 +421,7 @@ def _agreement(point: HarnessPoint, s: dict[str, Any], weights: Any, steps: int,
                                "collectives to compute the model (one GPU runs one rank's local "
                                "work); its local kernels are checked against the replicated "
                                "MoE in tests/backend/test_latent_shards.py",
-           "steps": steps, "requests": p.batch, "context": ctx,
+           "steps": steps, "requests": p.batch, "context": ctx, "layers": len(weights.layers),
            "vocabulary": f"one TP{s['shard_tp']} rank's LM-head shard ({vocab} tokens)",
            "executors": {}}
     for name, got in logits.items():

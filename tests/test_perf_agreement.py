@@ -58,7 +58,7 @@ def agreement_file(batch: int, seed: int = 0) -> dict:
     stock = [x + 0.05 * torch.randn(x.shape, generator=g, dtype=torch.float64) for x in ref]
     ours = [x + 2.0 * torch.randn(x.shape, generator=g, dtype=torch.float64) for x in ref]
     return {"reference": REFERENCE, "candidate_layout": "latent down/up replicated",
-            "steps": STEPS, "requests": batch, "context": 1024,
+            "steps": STEPS, "requests": batch, "context": 1024, "layers": 8,
             "vocabulary": f"one TP8 rank's LM-head shard ({VOCAB} tokens)",
             "executors": {"vllm_stock": _entry(ref, stock), "k3ft_hopper": _entry(ref, ours)},
             "pairwise": {"k3ft_hopper vs vllm_stock": {"executor": "k3ft_hopper",
@@ -110,8 +110,8 @@ def test_the_report_carries_each_points_agreement_and_lists_the_files(tmp_path: 
     assert [a.point for a in report.agreement] == [B1, B8]
     good, bad = report.agreement
     written = json.loads((out / good.file).read_text())
-    assert (good.reference, good.steps, good.requests, good.context, good.error) == (
-        REFERENCE, STEPS, 1, 1024, None)
+    assert (good.reference, good.steps, good.requests, good.context, good.layers,
+            good.error) == (REFERENCE, STEPS, 1, 1024, 8, None)
     assert [(f.executor, f.against) for f in good.executors] == [
         ("vllm_stock", "float64"), ("k3ft_hopper", "float64")]
     assert [(f.executor, f.against) for f in good.pairwise] == [("k3ft_hopper", "vllm_stock")]
@@ -145,8 +145,9 @@ def test_summary_shows_the_agreement_table_and_the_error(tmp_path: Path) -> None
     text = "\n".join(render_perf(report.model_dump(mode="json")))
     section = text.split("**Numerical agreement with float64**")[1]
     shard = md_text(f"one TP8 rank's LM-head shard ({VOCAB} tokens)")
-    assert section.startswith(f" ({STEPS} teacher-forced greedy steps over {shard}); information "
-                              "only, it does not change the perf verdict.")
+    assert section.startswith(f" ({STEPS} teacher-forced greedy steps over {shard}, the model's "
+                              "first 8 layers); information only, it does not change the perf "
+                              "verdict.")
     assert f"Reference: {md_text(REFERENCE)}. KL(reference \\|\\| executor)" in section
     assert ("| point | comparison | diverged | first divergence | KL p50 | KL max | "
             "max \\|d logprob\\| |") in section

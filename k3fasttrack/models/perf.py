@@ -206,6 +206,8 @@ class PointAgreement(Record):
     steps: int | None = None
     requests: int | None = None
     context: int | None = None
+    layers: int | None = None
+    """Decoder layers of the model the executors ran (the timed model's first ones)."""
     vocabulary: str | None = None
     """Which logits are compared (one TP rank's LM-head shard)."""
     executors: tuple[AgreementFigures, ...] = ()

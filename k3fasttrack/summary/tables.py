@@ -214,7 +214,11 @@ def _agreement_title(ok: list[dict[str, Any]]) -> str:
     what = (f"{steps.pop()} teacher-forced greedy steps" if len(steps) == 1
             else "teacher-forced greedy steps")
     over = f" over {shards.pop()}" if len(shards) == 1 and None not in shards else ""
-    return (f"**Numerical agreement with float64** ({_c(what + over)}); information only, it "
+    layers = {a.get("layers") for a in ok}
+    depth = (f", the model's first {layers.pop()} layers" if len(layers) == 1
+             and None not in layers else "")
+    return (f"**Numerical agreement with float64** ({_c(what + over + depth)}); information "
+            "only, it "
             "does not change the perf verdict.")
 
 

@@ -26,7 +26,7 @@ FLOAT64 = "float64"
 """``AgreementFigures.against`` for a comparison with the file's float64 reference."""
 _FIGURES = tuple(f for f in AgreementFigures.model_fields if f not in ("executor", "against"))
 _TEXT = ("reference", "vocabulary")
-_COUNTS = ("steps", "requests", "context")
+_COUNTS = ("steps", "requests", "context", "layers")
 _SHOWN = 3
 """Differences reported per point."""
 
