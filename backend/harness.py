@@ -38,7 +38,8 @@ backend/k3_decode/ops/router/NOTES.md), ``K3FT_HARNESS_SEED`` (weights, default 
 ``K3FT_HARNESS_LATENT_SHARDS`` (the candidate's latent down / up projections split over this
 many ranks, ``tp/layout.py``: 1 or the shard TP degree, default the latter; one rank's local
 work is timed, its collectives are not run), ``K3FT_HARNESS_AGREEMENT_STEPS`` (default 8; 0:
-off: at pure-decode points up to ``AGREEMENT_MAX_CONTEXT``, both executors against the float64
+off: at pure-decode points up to ``AGREEMENT_MAX_CONTEXT``, both executors (and plain torch in bf16,
+the calibration row) against the float64
 reference on the reference's greedy tokens, ``perf/evidence/<point>/agreement.json``),
 ``K3FT_HARNESS_AGREEMENT_DEPTH`` (default 8: the agreement runs the timed model's first 8 layers
 with its final norm and LM head; 0: all of them. At 93 layers of seeded random weights bf16
@@ -79,9 +80,14 @@ _MODELS: dict[tuple, Any] = {}
 BASELINES = ("vllm_stock", "torch_ops")
 """``K3FT_HARNESS_BASELINE`` values; the first is the default."""
 CANDIDATE = "k3ft_hopper"
+CALIBRATION = "torch_bf16"
+"""The agreement's calibration row: ``TorchOps`` in bf16 (plain torch, bf16 activations)."""
 LAYOUT = ("one TP{tp} rank (shard widths) on one GPU, collectives NOT RUN; floor: the bytes of "
           "the candidate's layout ({latent}; router replicated); the baseline reads the latent "
-          "down/up whole, as vLLM 0.33.0 runs them at decode on Hopper")
+          "down/up whole, as vLLM 0.33.0 runs them at decode on Hopper, and needs fewer "
+          "collectives: the split layout adds an all-gather of the latent and one of the MoE "
+          "output per MoE layer (a reduce-scatter replaces the shared experts' all-reduce), so "
+          "the ratio favours the candidate by their cost")
 
 
 def baseline_name() -> str:
@@ -409,6 +415,8 @@ def _agreement(point: HarnessPoint, s: dict[str, Any], weights: Any, steps: int,
                                 max_tokens=p.batch),
         CANDIDATE: Executor(KernelOps(cfg, decode_settings(), max_context=last), weights,
                             caches.clone(), max_tokens=p.batch),
+        CALIBRATION: Executor(TorchOps(cfg, torch.bfloat16), weights, caches.clone(),
+                              max_tokens=p.batch),
     }
     ref = Executor(TorchOps(cfg, torch.float64), weights, caches, max_tokens=p.batch,
                    dtype=torch.float64)
@@ -416,7 +424,11 @@ def _agreement(point: HarnessPoint, s: dict[str, Any], weights: Any, steps: int,
                                           advance, steps)
     out = {"reference": "TorchOps(cfg, torch.float64): float64 arithmetic over the same caches "
                         "as the executors (fp8 MLA rows, fp32 KDA state, bf16 conv state), "
-                        "greedy; eager steps (the timed graphs replay the same kernels)",
+                        "greedy; eager steps (each executor's eager kernels: the candidate's "
+                        "are the timed ones but for the latent layout below, the baseline's "
+                        "but for the KDA projection overlap vLLM runs only under capture); "
+                        f"{CALIBRATION}: the same math in plain torch with bf16 activations, "
+                        "how far bf16 alone takes a step from float64",
            "candidate_layout": "latent down/up replicated: the timed split layout needs its "
                                "collectives to compute the model (one GPU runs one rank's local "
                                "work); its local kernels are checked against the replicated "

@@ -18,9 +18,12 @@ Per layer, in vLLM's decode order:
   vLLM's CuTe skinny GEMM with those configs on the main stream, and on an aux stream the
   F_A|beta rows (CuTe, ``KDA_M1_FAB_CONFIG``) then F_B (``dsv3_fused_a_gemm``) at 1 token, at 2
   tokens cuBLAS + the table for ``kda_skinny_gemm`` (not carried: STAND-IN); otherwise the packed
-  projection then F_B as the table picks. Then ``_C.fused_kda_decode`` (one token per request),
-  o_proj. Verify steps (2-8 tokens per request) run vLLM's Triton conv + ``fused_recurrent_kda``,
-  not in the pack: ``TorchOps`` (fla's recurrence when importable) stands in for the sublayer.
+  projection then F_B as the table picks. vLLM raises that overlap to 1-14 tokens once its
+  kernel warm-up has run ``autotune_kda_qkvg`` (the default on SM90); at 3-14 tokens the
+  serial projection here is a STAND-IN, slower than stock. Then ``_C.fused_kda_decode`` (one
+  token per request), o_proj. Verify steps (2-8 tokens per request) run vLLM's Triton conv +
+  ``fused_recurrent_kda``, not in the pack: ``TorchOps`` (fla's recurrence when importable)
+  stands in for the sublayer.
 - MLA (``mla.py`` ``_forward_q_lora`` / ``_attention``): q_a|kv_a on the main stream, the gate
   projection on the aux stream; q/kv RMSNorm (torch eager for the Triton kernel); q_b; ``bmm``
   W_UK; ``_C.fused_kimi_k3_mla_decode_q_concat_kv_cache[_fp8]_insert``; FlashMLA fp8 decode
@@ -94,15 +97,20 @@ _FIXED_CHOICES: list[dict[str, str]] = [
     {"op": "attn_res", "vllm_0_33": "Triton _attn_res_kernel (models/kimi_k3/nvidia/ops/"
      "attn_res.py; the native op is SM100 only)", "used": "the same kernel (set at load)",
      "why": "vLLM's own kernel on Hopper"},
-    {"op": "kda.projection", "vllm_0_33": "1-2 tokens under capture: QKVG CuTe skinny GEMM (main) "
-     "|| F_A|beta CuTe skinny + F_B dsv3 at 1 token / kda_skinny_gemm at 2 (aux stream); else "
-     "in_proj_qkvgfab per KIMI_K3_PROJECTIONS_SM90 (CuTe at 1-3, cuBLAS after) + F_B (dsv3 at "
-     "1-8)", "used": "same streams and order; QKVG and (1 token) F_A|beta through the wheel's "
-     "CuteSkinnyGemm with its KDA_QKVG_CONFIGS / KDA_M1_FAB_CONFIG, F_B through "
-     "_C.dsv3_fused_a_gemm; at 2 tokens under capture F_A|beta by torch.mm and F_B " + _TABLE
-     + "; else in_proj and F_B " + _TABLE,
-     "why": "vLLM's own kernels and configs; STAND-IN, slower than stock, only for the 2-token "
-     "F_A|beta and F_B under capture: kda_skinny_gemm (ops/cute_dsl) is not carried"},
+    {"op": "kda.projection", "vllm_0_33": "under capture, 1-2 tokens (KDA_QKVG_CONFIGS), and "
+     "1-14 tokens once kernel warm-up has run autotune_kda_qkvg (KDA_PROJECTION_OVERLAP_MAX_TOKENS "
+     "= 14; the default on SM90): QKVG CuTe skinny GEMM at 1-2 / flashinfer mm_bf16 or torch.mm "
+     "above (main) || F_A|beta CuTe skinny + F_B dsv3 at 1 token / kda_skinny_gemm above (aux "
+     "stream); else in_proj_qkvgfab per KIMI_K3_PROJECTIONS_SM90 (CuTe at 1-3, cuBLAS after) + "
+     "F_B (dsv3 at 1-8)", "used": "same streams and order; QKVG and (1 token) F_A|beta "
+     "through the wheel's CuteSkinnyGemm with its KDA_QKVG_CONFIGS / KDA_M1_FAB_CONFIG, F_B "
+     "through _C.dsv3_fused_a_gemm; at 2 tokens under capture F_A|beta by torch.mm and F_B "
+     + _TABLE + "; else in_proj and F_B " + _TABLE,
+     "why": "vLLM's own kernels and configs; STAND-IN, slower than stock: at 2 tokens under "
+     "capture F_A|beta and F_B (kda_skinny_gemm, ops/cute_dsl, is not carried), and at 3-14 "
+     "tokens the packed projection then F_B in series where vLLM, after its autotune at "
+     "start-up, overlaps F_A|beta + F_B on the aux stream with QKVG (about 4.7 us per KDA layer "
+     "at 8 tokens, 0.3 ms per step)"},
     {"op": "kda.core", "vllm_0_33": "_C.fused_kda_decode (one token per request); verify: "
      "Triton causal_conv1d_update + fused_recurrent_kda + FusedRMSNormGated",
      "used": "_C.fused_kda_decode at q=1; at q>1 TorchOps' KDA sublayer (fla recurrence when "

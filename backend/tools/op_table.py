@@ -340,6 +340,16 @@ def _git_commit() -> str | None:
     return (res.stdout.strip() or None) if res.returncode == 0 else None
 
 
+def _tree_digest() -> str | None:
+    """sha256 of the repository's files as ``k3ft validate`` records it (``envinfo.git_state``):
+    it names the code even where the copy's git HEAD is stale (a device copy of a working
+    tree), as a bundle's ``ran_commit`` is found."""
+    from k3fasttrack.envinfo import git_state
+
+    state = git_state(Path(__file__).resolve().parents[2])
+    return None if state is None else state.tree_digest
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every point, print the choices then the tables, write ``--json``; the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -370,6 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "copy_ceiling_tbs": ceiling, "git_commit": _git_commit(),
+               "tree_sha256": _tree_digest(),
                "command": shlex.join([sys.executable, "-m", "backend.tools.op_table", *argv]),
                "depth": args.depth, "experts": args.experts, "shard_tp": 8,
                "latent_shards": args.latent_shards, "points": points}

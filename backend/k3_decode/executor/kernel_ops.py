@@ -10,10 +10,12 @@ the latent RMSNorm, or, at 1-2 tokens, leaves that norm to the tail projection,
 ``gemv_normed``; with ``torch_prep`` a torch prep does both instead), tail projection
 ``[up * norm_w | shared down]`` (the routed output and the shared experts summed inside that
 one GEMV). With the latent projections split over ranks (``shards``, ``tp/layout.py``) the
-front carries this rank's down rows and the tail is two GEMVs: the shared down projection
-(every hidden column) and this rank's up rows (the w2 kernel normalises). With ``pdl`` the
-SIMT GEMVs, ``gemv_normed`` and the router launch on the caller's stream are programmatic
-dependent launches: their first weight loads go out while the previous kernel runs.
+front carries this rank's down rows, the shared experts run on the side stream beside the routed
+ones, and after the experts' partial latent (its all-reduce) a prep launch normalises it before
+this rank's up rows: 7 launches, the kernels a real TP rank runs between its collectives.
+With ``pdl`` the SIMT GEMVs, ``gemv_normed`` and the router launch on the caller's stream are
+programmatic dependent launches: their first weight loads go out while the previous kernel
+runs.
 
 The MLA layer: one fused ``q_a|kv_a|k_pe|gate`` projection, the q_b projection with the q_a
 RMSNorm inside and the kv RMSNorm + cache insert in its launch, at 1-2 tokens also the MLA
@@ -242,45 +244,34 @@ class KernelOps:
 
     def _moe_sharded(self, w: MoeWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """The latent MoE of one rank with the latent down / up projections split
-        (``tp/layout.py``): front ``[down rows of this rank ; shared gate_up]`` with the router,
-        all-gather of the latent, MXFP4 experts, then the shared down projection (a partial of
-        every hidden column) and this rank's up-projection rows; reduce-scatter of the shared
-        partial plus the up slice, all-gather of the output. Emulated (no group): the
-        collectives are skipped: the experts read a latent buffer nothing fills, the shared
-        experts (on the side stream, beside the routed ones) write their partial into a buffer
-        nothing reads, the up rows write this rank's output columns (timing only)."""
+        (``tp/layout.py``), the same kernels with or without a group: front ``[down rows of
+        this rank ; shared gate_up]`` with the router; the shared experts (SiTU, down
+        projection: a partial of every hidden column) on the side stream beside the routed
+        ones; all-gather of the latent; MXFP4 experts (a partial latent at TP > 1); all-reduce;
+        the latent RMSNorm (its weight folded into the up rows); this rank's up rows; then
+        reduce-scatter of the shared partial plus the up slice, all-gather of the output.
+        Emulated (no group): the collectives are skipped: the experts read a latent buffer
+        nothing fills, the shared partial stays in its buffer, the up rows write this rank's
+        output columns (timing only)."""
         ls, mo, lat = self.shards, self.cfg.moe, self.cfg.moe.latent_dim
         front, up = w.sharded(ls.rank, ls.world)
-        _, c_moe = self.counters(h.device)
         t, sh = h.shape[0], w.shared_down.shape[1]
         lr = lat // ls.world
         wts, ids, fr = self._route_front(w, h, front)
         glu = {"beta": mo.situ_beta, "linear_beta": mo.situ_linear_beta}
         cols = ls.rows(out.shape[1])
-        if ls.group is not None:  # NCCL collectives (eager steps)
-            xt = torch.empty(t, lat + sh, dtype=h.dtype, device=h.device)
-            z = ls.group.all_gather(fr[:, :lr].contiguous(), dim=1, name="latent_gather")
-            routed = self._moe(z, wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, **glu)
-            routed = ls.group.all_reduce(routed, name="latent_all_reduce")
-            self._prep(routed, None, fr[:, lr:], xt, eps=self.cfg.rms_eps, **glu)
-            part = self._gemv(xt[:, lat:], w.shared_down)
-            mine = ls.group.reduce_scatter(part, dim=1, name="shared_reduce_scatter")
-            mine = mine + self._gemv(xt[:, :lat], up)
-            out.copy_(ls.group.all_gather(mine, dim=1, name="moe_out_gather"))
-            return out
-        key = (h.device, t)
-        if key not in self._latent:  # made in the eager warm-up, before any capture
+        group, key = ls.group, (h.device, t)
+        if group is None and key not in self._latent:  # made in the eager warm-up
             self._latent[key] = torch.zeros(t, lat, dtype=h.dtype, device=h.device)
             self._shared_part[key] = torch.zeros(t, out.shape[1], dtype=h.dtype, device=h.device)
-        shared_part = self._shared_part[key]
+        shared_part = (torch.empty(t, out.shape[1], dtype=h.dtype, device=h.device)
+                       if group is not None else self._shared_part[key])
         side = self._side
 
         def shared() -> None:  # SiTU of the shared gate_up, the down projection's partial
             act = torch.empty(t, sh, dtype=h.dtype, device=h.device)
             self._prep(None, None, fr[:, lr:], act, **glu)
             self._gemv(act, w.shared_down, shared_part)
-            if side is not None:  # freed here, still read on the side stream
-                act.record_stream(side)
 
         main = torch.cuda.current_stream(h.device)
         if side is not None:  # the shared experts beside the routed ones
@@ -289,12 +280,25 @@ class KernelOps:
                 shared()
         else:
             shared()
-        zn = torch.empty(t, lat, dtype=h.dtype, device=h.device)  # the normalised latent
-        self._moe(self._latent[key], wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, zn,
-                  normalize=True, eps=self.cfg.rms_eps, counter=c_moe, **glu)
-        self._gemv(zn, up, out[:, cols])
+        if group is not None:
+            z = group.all_gather(fr[:, :lr].contiguous(), dim=1, name="latent_gather")
+        else:
+            z = self._latent[key]
+        routed = self._moe(z, wts, ids, w.w13, w.w13_scale, w.w2, w.w2_scale, **glu)
+        if group is not None:
+            routed = group.all_reduce(routed, name="latent_all_reduce")
+        zn = torch.empty(t, lat, dtype=h.dtype, device=h.device)
+        self._prep(routed, None, None, zn, eps=self.cfg.rms_eps, **glu)  # the latent RMSNorm
+        if group is None:
+            self._gemv(zn, up, out[:, cols])
+            if side is not None:
+                main.wait_stream(side)
+            return out
+        mine = self._gemv(zn, up)
         if side is not None:
             main.wait_stream(side)
+        mine = mine + group.reduce_scatter(shared_part, dim=1, name="shared_reduce_scatter")
+        out.copy_(group.all_gather(mine, dim=1, name="moe_out_gather"))
         return out
 
     def dense(self, w: DenseWeights, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
