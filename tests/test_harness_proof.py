@@ -133,13 +133,16 @@ def test_harness_evidence_decides_the_proof(tmp_path: Path, harness: str, proof:
      "all 2 kernel patterns matched on the candidate; all 2 stock patterns matched on the "
      "baseline"),
     (("fused_recurrent_kda", "marlin_moe_wna16::Marlin"), "FAIL",
-     "baseline ran no stock kernel matching 'marlin_moe_wna16::Marlin'")])
+     "baseline ran no stock kernel matching 'marlin_moe_wna16::Marlin'"),
+    (("^gemv2T_kernel", "fused_recurrent_kda|kda_decode_kernel_1$"), "FAIL",
+     "the candidate ran stock vLLM's kernel matching 'fused_recurrent_kda|kda_decode_kernel_1$'")])
 def test_harness_baseline_must_run_the_stock_kernels(tmp_path: Path, stock: tuple[str, ...],
                                                      proof: str, why: str) -> None:
     """The profile's baseline_kernel_patterns reach the bundle's profile.json and the proof
     tier: the baseline's profile (stand-in library kernels) holds both of the first pair, not
-    the Marlin kernel of the second; the candidate ran its path either way (no stock tier), and
-    verify's recomputation agrees with the report."""
+    the Marlin kernel of the second; the third's second pattern also matches one of the
+    candidate's kernels, which fails the proof. The candidate ran its path every time (no stock
+    tier), and verify's recomputation agrees with the report."""
     from k3fasttrack.tiers.registry import recompute_all
 
     proc, out = _validate(tmp_path, "specialized_harness", stock)

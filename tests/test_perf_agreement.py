@@ -1,5 +1,6 @@
 """The perf tier's numerical-agreement records: each ``perf/evidence/<point>/agreement.json`` the
-harness writes is summarised in the perf report, listed among its raw files, shown by
+harness writes is summarised in the perf report (figures derived from its per-request rows; a
+``summary`` the rows contradict makes the point an error), listed among its raw files, shown by
 ``k3ft summary`` and re-derived by verify; a file holding an error (or malformed) is recorded as
 that error. None of it changes the tier's status.
 
@@ -33,7 +34,7 @@ from k3fasttrack.perf.harness import HarnessPoint, HarnessRepeat
 from k3fasttrack.summary.tables import perf as render_perf
 from k3fasttrack.summary.untrusted import md_text
 from k3fasttrack.tiers.perf import SPEC
-from k3fasttrack.tiers.perf.agreement import read_agreement
+from k3fasttrack.tiers.perf.agreement import CONTRADICTS, read_agreement
 
 HERE = Path(__file__).parent
 GRID = {"name": "ag", "batch": [1, 8], "input_len": [1024], "output_len": [16], "tp": [1],
@@ -41,6 +42,7 @@ GRID = {"name": "ag", "batch": [1, 8], "input_len": [1024], "output_len": [16], 
 B1, B8 = "decode-rand-tp1-d0-b1-in1024-out16", "decode-rand-tp1-d0-b8-in1024-out16"
 REFERENCE = "TorchOps(cfg, torch.float64): float64 arithmetic over the same caches"
 ERROR = "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+LAYOUT = "latent down/up replicated"
 STEPS, VOCAB = 8, 64
 
 
@@ -57,7 +59,7 @@ def agreement_file(batch: int, seed: int = 0) -> dict:
     ref = [torch.randn(batch, VOCAB, generator=g, dtype=torch.float64) * 3 for _ in range(STEPS)]
     stock = [x + 0.05 * torch.randn(x.shape, generator=g, dtype=torch.float64) for x in ref]
     ours = [x + 2.0 * torch.randn(x.shape, generator=g, dtype=torch.float64) for x in ref]
-    return {"reference": REFERENCE, "candidate_layout": "latent down/up replicated",
+    return {"reference": REFERENCE, "candidate_layout": LAYOUT,
             "steps": STEPS, "requests": batch, "context": 1024, "layers": 8,
             "vocabulary": f"one TP8 rank's LM-head shard ({VOCAB} tokens)",
             "executors": {"vllm_stock": _entry(ref, stock), "k3ft_hopper": _entry(ref, ours)},
@@ -110,8 +112,8 @@ def test_the_report_carries_each_points_agreement_and_lists_the_files(tmp_path: 
     assert [a.point for a in report.agreement] == [B1, B8]
     good, bad = report.agreement
     written = json.loads((out / good.file).read_text())
-    assert (good.reference, good.steps, good.requests, good.context, good.layers,
-            good.error) == (REFERENCE, STEPS, 1, 1024, 8, None)
+    assert (good.reference, good.candidate_layout, good.steps, good.requests, good.context,
+            good.layers, good.error) == (REFERENCE, LAYOUT, STEPS, 1, 1024, 8, None)
     assert [(f.executor, f.against) for f in good.executors] == [
         ("vllm_stock", "float64"), ("k3ft_hopper", "float64")]
     assert [(f.executor, f.against) for f in good.pairwise] == [("k3ft_hopper", "vllm_stock")]
@@ -149,6 +151,7 @@ def test_summary_shows_the_agreement_table_and_the_error(tmp_path: Path) -> None
                               "first 8 layers); information only, it does not change the perf "
                               "verdict.")
     assert f"Reference: {md_text(REFERENCE)}. KL(reference \\|\\| executor)" in section
+    assert f"\n\nCandidate layout in the agreement run: {md_text(LAYOUT)}.\n\n" in section
     assert ("| point | comparison | diverged | first divergence | KL p50 | KL max | "
             "max \\|d logprob\\| |") in section
     stock, ours = report.agreement[0].executors
@@ -218,6 +221,20 @@ def test_verify_refuses_a_bundle_whose_agreement_copy_was_edited(tmp_path: Path)
         recheck_folder(bundle)
 
 
+ROW = {"first_divergence": None, "margin_at_divergence": None, "kl_p50": 0, "kl_max": 0.1,
+       "agreeing_steps": 8, "max_abs_dlogprob": 0.2}
+"""One request's row, consistent with ``X_SUMMARY``."""
+X_SUMMARY = {"requests": 1, "diverged": 0, "first_divergence_min": None, "kl_p50": 0,
+             "kl_max": 0.1, "max_abs_dlogprob": 0.2}
+
+
+def _x(*rows: dict, **more: object) -> str:
+    """A file whose one executor ``x`` has ``X_SUMMARY`` and ``rows`` (no ``requests`` key
+    without rows)."""
+    entry = {"summary": X_SUMMARY, **({"requests": list(rows)} if rows else {})}
+    return json.dumps({"executors": {"x": entry}, **more})
+
+
 @pytest.mark.parametrize("content, error", [
     ('{"error": "ValueError: 0 reference steps vs 0: need the same, > 0"}',
      "ValueError: 0 reference steps vs 0: need the same, > 0"),
@@ -232,9 +249,19 @@ def test_verify_refuses_a_bundle_whose_agreement_copy_was_edited(tmp_path: Path)
     ('{"executors": {"x": {"summary": {"requests": 1, "diverged": 0, "first_divergence_min": null, '
      '"kl_p50": NaN, "kl_max": 0.1, "max_abs_dlogprob": 0.2}}}}',
      "malformed agreement.json: x vs float64: kl_p50 is nan"),
-    ('{"executors": {"x": {"summary": {"requests": 1, "diverged": 0, "first_divergence_min": null, '
-     '"kl_p50": 0, "kl_max": 0.1, "max_abs_dlogprob": 0.2}}}, "pairwise": {"p": {"summary": {}}}}',
+    (_x(ROW, pairwise={"p": {"summary": {}}}),
      "malformed agreement.json: p: executor is not a string"),
+    (_x(), "malformed agreement.json: x vs float64: requests is not a non-empty list"),
+    (json.dumps({"executors": {"x": {"summary": X_SUMMARY, "requests": []}}}),
+     "malformed agreement.json: x vs float64: requests is not a non-empty list"),
+    (_x(ROW, {"kl_p50": 0.1}),
+     "malformed agreement.json: x vs float64: requests[1].first_divergence: Field required"),
+    (_x({**ROW, "first_divergence": "0"}),
+     "malformed agreement.json: x vs float64: requests[0].first_divergence: Input should be"),
+    (_x({**ROW, "kl_max": float("inf")}),
+     "malformed agreement.json: x vs float64: requests[0].kl_max is inf"),
+    (_x(ROW, ROW),
+     f"{CONTRADICTS}: requests of x vs float64: the summary says 1, its 2 request row(s) give 2"),
 ])
 def test_an_error_or_malformed_file_is_recorded_as_its_error(tmp_path: Path, content: str,
                                                               error: str) -> None:
@@ -244,3 +271,79 @@ def test_an_error_or_malformed_file_is_recorded_as_its_error(tmp_path: Path, con
     got = read_agreement(tmp_path, rel)
     assert got.point == "pt" and got.file == rel and got.executors == ()
     assert got.error is not None and got.error.startswith(error), got.error
+
+
+def _write(out: Path, rel: str, body: dict) -> None:
+    (out / rel).write_text(json.dumps(body, indent=1) + "\n")
+
+
+def test_figures_come_from_the_rows_and_a_summary_they_contradict_is_an_error(
+        tmp_path: Path) -> None:
+    """The recorded figures are the rows' (a summary within the relative tolerance of 1e-9 of
+    them does not change that); a summary that says otherwise, for an executor or the pairwise
+    comparison, turns the point into an error naming the field, and no figure is kept."""
+    rel = "perf/evidence/pt/agreement.json"
+    (tmp_path / rel).parent.mkdir(parents=True)
+    body = agreement_file(8, seed=3)
+    ours = body["executors"]["k3ft_hopper"]
+    rows = ours["requests"]
+    want = {"requests": 8, "diverged": sum(r["first_divergence"] is not None for r in rows),
+            "kl_max": max(r["kl_max"] for r in rows),
+            "kl_p50": sorted(r["kl_p50"] for r in rows)[3:5]}
+    _write(tmp_path, rel, body)
+    got = read_agreement(tmp_path, rel)
+    assert got.error is None
+    mine = got.executors[1]
+    assert (mine.requests, mine.diverged, mine.kl_max) == (8, want["diverged"], want["kl_max"])
+    assert mine.kl_p50 == sum(want["kl_p50"]) / 2  # the median of an even count
+    ours["summary"]["kl_p50"] *= 1 + 1e-12
+    _write(tmp_path, rel, body)
+    assert read_agreement(tmp_path, rel) == got
+    ours["summary"]["kl_max"] = want["kl_max"] * (1 + 1e-8)
+    _write(tmp_path, rel, body)
+    bad = read_agreement(tmp_path, rel)
+    assert bad.executors == () and bad.pairwise == ()
+    assert bad.error == (f"{CONTRADICTS}: kl_max of k3ft_hopper vs float64: the summary says "
+                         f"{want['kl_max'] * (1 + 1e-8)!r}, its 8 request row(s) give "
+                         f"{want['kl_max']!r}")
+    body = agreement_file(8, seed=3)
+    pair = body["pairwise"]["k3ft_hopper vs vllm_stock"]
+    pair["requests"][0]["first_divergence"] = None
+    pair["requests"][0]["margin_at_divergence"] = None
+    _write(tmp_path, rel, body)
+    error = read_agreement(tmp_path, rel).error
+    assert error is not None and error.startswith(
+        f"{CONTRADICTS}: diverged of k3ft_hopper vs vllm_stock: the summary says 8, its 8 "
+        "request row(s) give 7"), error
+
+
+def test_recompute_catches_both_summaries_edited_while_the_rows_say_otherwise(
+        tmp_path: Path) -> None:
+    """The file's summary and the report's record edited alike (KL max a tenth): the rows
+    still give the true figure, so recompute reads the point as an error and reports it."""
+    report, out = _sweep(tmp_path)
+    kl = report.agreement[0].executors[1].kl_max
+    rel = report.agreement[0].file
+    body = json.loads((out / rel).read_text())
+    body["executors"]["k3ft_hopper"]["summary"]["kl_max"] = kl / 10
+    _write(out, rel, body)
+    problems = SPEC.recompute(_edit(report, kl_max=kl / 10), out)
+    assert problems[0].startswith(f"{B1}: agreement error: report None, {rel} gives "
+                                  f"'{CONTRADICTS}: kl_max of k3ft_hopper vs float64: the "
+                                  f"summary says {kl / 10!r}, its 1 request row(s) give "
+                                  f"{kl!r}'"), problems
+
+
+def test_candidate_layout_is_compared_unless_the_report_predates_it(tmp_path: Path) -> None:
+    """A record without ``candidate_layout`` (a report written before the field) is compared
+    without it; a record that names another layout is a difference."""
+    report, out = _sweep(tmp_path)
+    good = report.agreement[0]
+
+    def layout(value: str | None) -> PerfReport:
+        edited = good.model_copy(update={"candidate_layout": value})
+        return report.model_copy(update={"agreement": (edited, *report.agreement[1:])})
+
+    assert SPEC.recompute(layout(None), out) == []
+    assert SPEC.recompute(layout("latent split"), out) == [
+        f"{B1}: agreement candidate_layout: report 'latent split', {good.file} gives {LAYOUT!r}"]

@@ -136,7 +136,14 @@ def test_summary_leads_with_the_headline_and_names_the_layout(tmp_path: Path) ->
     frac = report.points[0].headline.candidate_floor_fraction  # type: ignore[union-attr]
     assert f"| 1 | 1024 | 1.52 | {frac:.2f} |" in lead
     assert "1.33x \\[" in lead  # the ratio with its interval
-    assert "cand of floor" in text.split("Per point")[1]  # the drill-down keeps the columns
+    # the floor is the candidate's layout's: said under the headline table, and in the
+    # drill-down's header of the baseline's column
+    table_end = lead.index("\n\n", lead.index("| batch | context |"))
+    assert lead[table_end:].startswith(
+        "\n\nThe floor is the candidate's layout's; a baseline that reads more bytes (a "
+        "replicated layout) has a higher floor of its own.\n")
+    drill = text.split("Per point")[1]
+    assert "| base of cand floor | cand of floor |" in drill and "base of floor" not in drill
 
 
 def test_reference_baseline_makes_no_claim_and_is_incomplete(tmp_path: Path) -> None:
@@ -245,6 +252,7 @@ def test_committed_demo_summary_names_its_baseline_first() -> None:
         "same vLLM server without the profile's switch." in lead
     assert "| batch | context | TPOT (ms) | baseline / candidate [95% CI] |" in lead
     assert "fraction of floor" not in lead and "of floor" not in perf.split("Per point")[1]
+    assert "The floor is the candidate's layout's" not in perf
 
 
 def test_sweep_render_leads_with_the_headline_and_claims_nothing_against_a_reference(

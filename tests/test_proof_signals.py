@@ -263,17 +263,34 @@ def test_kernel_names_pass_when_the_baseline_ran_every_stock_kernel(tmp_path: Pa
 
 def test_kernel_names_fail_when_the_baseline_lacks_a_stock_kernel(tmp_path: Path) -> None:
     """The baseline ran the stock KDA kernel but not vLLM's Marlin experts (a stand-in ran in
-    their place): the proof fails, names the missing pattern, and does not call it stock. That
-    the candidate ran a Marlin kernel does not count for the baseline."""
+    their place): the proof fails, names the missing pattern, and does not call it stock."""
     base = ("void fused_kda_decode<1>", "fused_moe_kernel")
-    cand = (*OURS, "void marlin_moe_wna16::Marlin<8>")
-    proof = judge_tier("perf", _kernel_windows(tmp_path, cand, base), STOCK_CFG, tmp_path)
+    proof = judge_tier("perf", _kernel_windows(tmp_path, OURS, base), STOCK_CFG, tmp_path)
     assert proof.outcome == "fail"
     assert proof.reason == ("kernel_names: baseline ran no stock kernel matching "
                             "'marlin_moe_wna16::Marlin' (1 of 2 stock patterns unmatched)")
     assert proof.baseline[STOCK[0]] == 1.0 and proof.baseline[STOCK[1]] == 0.0
-    assert proof.candidate[STOCK[1]] == 1.0
     assert verdict([proof])[2] == ()  # the candidate's path ran: not a stock tier
+
+
+@pytest.mark.parametrize("base", [
+    ("void fused_kda_decode<1>", "void marlin_moe_wna16::Marlin<8>"),
+    ("void fused_kda_decode<1>", "fused_moe_kernel")])
+def test_kernel_names_fail_when_the_candidate_ran_a_stock_kernel(tmp_path: Path,
+                                                                 base: tuple[str, ...]) -> None:
+    """Every one of our kernels ran on the candidate, and vLLM's Marlin experts beside them: the
+    candidate ran stock kernels where our path claims its own, so the proof fails and names the
+    pattern, whether or not the baseline ran it too. Our path did run: not a stock tier."""
+    cand = (*OURS, "void marlin_moe_wna16::Marlin<8>")
+    proof = judge_tier("perf", _kernel_windows(tmp_path, cand, base), STOCK_CFG, tmp_path)
+    assert proof.outcome == "fail"
+    assert proof.reason == ("kernel_names: the candidate ran stock vLLM's kernel matching "
+                            "'marlin_moe_wna16::Marlin'")
+    assert proof.candidate == {"^Kda": 1.0, "MoeTail": 1.0, STOCK[0]: 0.0, STOCK[1]: 1.0}
+    assert verdict([proof])[2] == ()
+    plain = STOCK_CFG.model_copy(update={"baseline_kernel_patterns": ()})
+    assert judge_tier("perf", _kernel_windows(tmp_path, cand, base), plain,
+                      tmp_path).outcome == "pass"  # no stock patterns named: nothing to find
 
 
 def test_kernel_names_fail_without_a_baseline_trace_when_stock_kernels_are_required(

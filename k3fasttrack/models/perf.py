@@ -173,8 +173,8 @@ class AgenticResult(Record):
 
 
 class AgreementFigures(Record):
-    """One executor's agreement with a reference over the teacher-forced greedy steps: the
-    ``summary`` an ``agreement.json`` holds for it."""
+    """One executor's agreement with a reference over the teacher-forced greedy steps, derived
+    from the per-request rows an ``agreement.json`` holds for it (its ``summary`` must agree)."""
 
     executor: str
     against: str
@@ -203,6 +203,10 @@ class PointAgreement(Record):
     """Bundle-relative path of the ``agreement.json``."""
     reference: str | None = None
     """What the file says the reference is (float64 arithmetic over the same caches)."""
+    candidate_layout: str | None = None
+    """The layout the candidate ran in the agreement run, as the harness states it (e.g. the
+    latent projections replicated where the timed run splits them). None in reports that
+    predate the field: ``recompute`` then leaves the file's out of the comparison."""
     steps: int | None = None
     requests: int | None = None
     context: int | None = None

@@ -104,6 +104,12 @@ def _headline(p: dict[str, Any], runner: str) -> dict[str, Any] | None:
             "ratio_ci_low": 1 / hi if hi else None, "ratio_ci_high": 1 / lo if lo else None}
 
 
+FLOOR_NOTE = ("The floor is the candidate's layout's; a baseline that reads more bytes (a "
+              "replicated layout) has a higher floor of its own.")
+"""Under the headline table: the per-point "base of cand floor" is the baseline's step time
+against the candidate's floor, not against a floor of its own."""
+
+
 def _fraction(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}"
 
@@ -158,7 +164,10 @@ def perf_lead(r: dict[str, Any]) -> list[str]:
         row += [_fraction(h.get("candidate_floor_fraction")), _floor(h)] if floors else []
         row += [_ratio(h)] if ratios else []
         rows.append(row)
-    return out + _table(header, rows)
+    out += _table(header, rows)
+    if floors:
+        out += [FLOOR_NOTE, ""]
+    return out
 
 
 def perf(r: dict[str, Any]) -> list[str]:
@@ -186,7 +195,7 @@ def perf(r: dict[str, Any]) -> list[str]:
     out += [f"Per point ({unit} in ms, median of repeats; ratio = baseline / candidate with its "
             "95% interval):", ""]
     out += _table(["point", "batch", "in", "out", f"{unit} base", f"{unit} cand",
-                   *(["base of floor", "cand of floor"] if floors else []),
+                   *(["base of cand floor", "cand of floor"] if floors else []),
                    "baseline / candidate", "p", "verdict", "accept len"], rows)
     for a in r.get("agentic", []):
         for m in a.get("metrics", []):
@@ -225,7 +234,8 @@ def _agreement_title(ok: list[dict[str, Any]]) -> str:
 def perf_agreement(r: dict[str, Any]) -> list[str]:
     """Per point with an ``agreement.json``: each executor against the float64 reference and
     the candidate against the baseline (first divergence, KL p50 / max, max |d logprob|); a
-    point whose file holds an error shows the error. What the reference is, from the files."""
+    point whose file holds an error shows the error. What the reference is and the layout the
+    candidate ran in, from the files."""
     points = r.get("agreement") or []
     if not points:
         return []
@@ -236,6 +246,9 @@ def perf_agreement(r: dict[str, Any]) -> list[str]:
         out += [f"Reference: {_c('; '.join(refs))}. KL(reference \\|\\| executor) per step, "
                 "nats, over the softmax of the shard; pairwise rows take the baseline's logits "
                 "as the reference.", ""]
+    layouts = sorted({str(a["candidate_layout"]) for a in ok if a.get("candidate_layout")})
+    if layouts:
+        out += [f"Candidate layout in the agreement run: {_c('; '.join(layouts).rstrip('.'))}.", ""]
     rows: list[list[Any]] = []
     for a in points:
         if a.get("error"):

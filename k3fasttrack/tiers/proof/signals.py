@@ -10,7 +10,8 @@
   candidate and do not exist on the baseline.
 - ``kernel_names`` (GPU): kernel names in a torch-profiler trace (Chrome trace JSON) of the
   window; every ``kernel_patterns`` regex matches on the candidate's trace, none on the baseline's,
-  and every ``baseline_kernel_patterns`` regex (the stock engine's kernels) on the baseline's.
+  and every ``baseline_kernel_patterns`` regex (the stock engine's kernels) on the baseline's,
+  none on the candidate's.
 """
 
 from __future__ import annotations
@@ -136,8 +137,9 @@ def judge_kernels(windows: list[PathEvidence], patterns: tuple[str, ...], bundle
                   baseline_patterns: tuple[str, ...] = ()) -> Verdict:
     """Every ``patterns`` regex matches a kernel in the candidate's profiler traces and none in
     the baseline's; every ``baseline_patterns`` regex (the stock engine's own kernels) matches a
-    kernel in the baseline's traces. The sums hold, per side, how many kernels each regex of
-    both lists matched."""
+    kernel in the baseline's traces and none in the candidate's (the candidate must not run
+    stock kernels for the ops it claims). The sums hold, per side, how many kernels each regex
+    of both lists matched."""
     cand: dict[str, float] = {}
     base: dict[str, float] = {}
     every = tuple(dict.fromkeys((*patterns, *baseline_patterns)))
@@ -157,6 +159,10 @@ def judge_kernels(windows: list[PathEvidence], patterns: tuple[str, ...], bundle
     unmatched = [p for p in patterns if cand.get(p, 0) <= 0]
     if unmatched:
         return False, True, f"ran stock: no kernel matches {unmatched[0]!r}", cand, base
+    mixed = [p for p in baseline_patterns if cand.get(p, 0) > 0]
+    if mixed:
+        why = f"the candidate ran stock vLLM's kernel matching {mixed[0]!r}"
+        return False, False, why, cand, base
     leaked = [p for p in patterns if base.get(p, 0) > 0]
     if leaked:
         return False, False, f"baseline trace has kernels matching {leaked[0]!r}", cand, base
