@@ -38,9 +38,9 @@ backend/k3_decode/ops/router/NOTES.md), ``K3FT_HARNESS_SEED`` (weights, default 
 ``K3FT_HARNESS_LATENT_SHARDS`` (the candidate's latent down / up projections split over this
 many ranks, ``tp/layout.py``: 1 or the shard TP degree, default the latter; one rank's local
 work is timed, its collectives are not run), ``K3FT_HARNESS_AGREEMENT_STEPS`` (default 8; 0:
-off: at pure-decode points up to ``AGREEMENT_MAX_CONTEXT``, both executors (and plain torch in bf16,
-the calibration row) against the float64
-reference on the reference's greedy tokens, ``perf/evidence/<point>/agreement.json``),
+off: at pure-decode points up to ``AGREEMENT_MAX_CONTEXT``, both executors and plain torch in
+bf16 (the calibration row) against the float64 reference on the reference's greedy tokens,
+``perf/evidence/<point>/agreement.json``),
 ``K3FT_HARNESS_AGREEMENT_DEPTH`` (default 8: the agreement runs the timed model's first 8 layers
 with its final norm and LM head; 0: all of them. At 93 layers of seeded random weights bf16
 rounding anywhere decides the greedy token: both executors, and each against the other, part
@@ -355,7 +355,7 @@ def run_points(point: HarnessPoint) -> Iterator[HarnessRepeat]:
         side.writer.close()
     steps = s["agreement_steps"]
     if steps and p.draft_len == 0 and p.input_len <= AGREEMENT_MAX_CONTEXT:
-        del base, cand, side  # their graphs, workspaces and caches go before three more
+        del base, cand, side  # their graphs, workspaces and caches go before the agreement's
         path = evid / "agreement.json"
         try:
             _agreement(point, s, weights, steps, path)
@@ -371,11 +371,11 @@ whole model's weights must fit the GPU."""
 def _agreement(point: HarnessPoint, s: dict[str, Any], weights: Any, steps: int,
                path: Path) -> None:
     """Both executors against the float64 reference on the same tokens (``executor.agreement``):
-    ``steps`` greedy steps of the reference from the point's first inputs, fed to all three;
-    and the candidate against the baseline (``pairwise``, the baseline's logits as the reference
-    side), which tells apart both executors being equally far from float64 and the candidate
-    drifting from the baseline. Written to ``path`` in the point's evidence folder (part of the
-    signed bundle)."""
+    ``steps`` greedy steps of the reference from the point's first inputs, fed to every executor
+    (the calibration row too); and the candidate against the baseline (``pairwise``, the
+    baseline's logits as the reference side), which tells apart both executors being equally
+    far from float64 and the candidate drifting from the baseline. Written to ``path`` in the
+    point's evidence folder (part of the signed bundle)."""
     from backend.k3_decode.config import k3_config
     from backend.k3_decode.executor import agreement as A
     from backend.k3_decode.executor.kernel_ops import KernelOps

@@ -35,7 +35,6 @@ syncs (CUDA-graph safe). A config compiles, and its cubin loads, on its first ca
 import ast
 import functools
 import hashlib
-import importlib.util
 import math
 import os
 import sys
@@ -46,7 +45,13 @@ from typing import Any
 
 import torch
 
-from backend.stock.ops import StockInputError, StockUnavailable, stock_root
+from backend.stock.ops import (
+    StockInputError,
+    StockUnavailable,
+    check_main,
+    exec_wheel_file,
+    stock_root,
+)
 
 _DSL = "vllm/model_executor/kernels/linear/cute_dsl/"
 PY_FILES: dict[str, str] = {
@@ -110,28 +115,8 @@ def file_path(part: str, root: str | os.PathLike | None = None) -> Path:
 def _exec(part: str, root: Path, present: dict[str, types.ModuleType]) -> types.ModuleType:
     """Execute the wheel file of ``part`` as its dotted module, with ``present`` (shims and wheel
     modules it imports) in ``sys.modules`` for the import only."""
-    path = file_path(part, root)
-    if not path.is_file():
-        raise StockUnavailable(f"{path} is missing (carry the wheel's Python kernel files: "
-                               "python -m backend.stock.triton_kernels --wheel ...)")
-    name = PY_FILES[part][:-3].replace("/", ".")
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    entries = {**present, name: module}  # its own name too: dataclasses look the module up
-    clash = sorted(k for k in entries if k in sys.modules)
-    if clash:
-        raise StockUnavailable(f"{clash[0]} is already imported in this process; the wheel's "
-                               "CuTe files load only beside no vLLM")
-    sys.modules.update(entries)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - any import failure makes the kernel unavailable
-        raise StockUnavailable(f"{path}: {type(exc).__name__}: {exc}") from None
-    finally:
-        for k in entries:
-            sys.modules.pop(k, None)
-    return module
+    return exec_wheel_file(file_path(part, root), PY_FILES[part][:-3].replace("/", "."),
+                           present)
 
 
 def _dotted(module: types.ModuleType) -> dict[str, types.ModuleType]:
@@ -623,18 +608,8 @@ def check(root: str | None = None, seed: int = 0) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m backend.stock.cute_gemm",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--check", action="store_true", help="run the GPU check")
-    p.add_argument("--root", help="the pack root holding py/ (default $K3_STOCK_ROOT or "
-                                  "/root/vllm_stock)")
-    args = p.parse_args(argv)
-    if not args.check:
-        p.print_usage()
-        return 2
-    return check(args.root)
+    return check_main(argv, "python -m backend.stock.cute_gemm",
+                      (__doc__ or "").split("\n")[0], check)
 
 
 if __name__ == "__main__":

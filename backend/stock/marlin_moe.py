@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from backend.k3_decode.reference.mxfp4 import BLOCK
-from backend.stock.ops import StockInputError, check_tensor, need, on_cuda, op
+from backend.stock.ops import StockInputError, check_main, check_tensor, need, on_cuda, op
 
 MARLIN_TILE = 16  # marlin_utils.marlin_moe_intermediate_size
 MAX_BLOCKS_PER_SM = 4  # marlin_utils.MARLIN_MAX_BLOCKS_PER_SM (size of the lock workspace)
@@ -433,17 +433,8 @@ def marlin_check(root: str | None, experts: tuple[int, ...] = (224, 896),
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m backend.stock.marlin_moe", description=__doc__
-                                .split("\n")[0])
-    p.add_argument("--check", action="store_true", help="run the GPU check")
-    p.add_argument("--root", help="the unpacked pack (default $K3_STOCK_ROOT or /root/vllm_stock)")
-    args = p.parse_args(argv)
-    if not args.check:
-        p.print_usage()
-        return 2
-    return marlin_check(args.root)
+    return check_main(argv, "python -m backend.stock.marlin_moe",
+                      (__doc__ or "").split("\n")[0], marlin_check)
 
 
 if __name__ == "__main__":

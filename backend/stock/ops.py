@@ -29,7 +29,11 @@ dtypes follow the wheel's callers (paths inside the wheel's ``vllm/``):
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+import importlib.util
 import os
+import sys
+import types
 from pathlib import Path
 
 import torch
@@ -56,6 +60,34 @@ class StockUnavailable(RuntimeError):
 def stock_root(root: str | os.PathLike | None = None) -> Path:
     """Where the pack was unpacked."""
     return Path(root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT)
+
+
+def exec_wheel_file(path: Path, name: str, present: dict[str, types.ModuleType]
+                    ) -> types.ModuleType:
+    """Execute the wheel's Python file at ``path`` as module ``name``, with ``present`` (shims and
+    the wheel modules it imports) and the module itself in ``sys.modules`` for the import only,
+    removed afterwards. ``StockUnavailable`` when the file is missing, when one of those names is
+    already imported (a real vLLM in this process), or when the import fails."""
+    if not path.is_file():
+        raise StockUnavailable(f"{path} is missing (carry the wheel's Python kernel files: "
+                               "python -m backend.stock.triton_kernels --wheel ...)")
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    entries = {**present, name: module}  # its own name too: dataclasses look the module up
+    clash = sorted(k for k in entries if k in sys.modules)
+    if clash:
+        raise StockUnavailable(f"{clash[0]} is already imported in this process; the wheel's "
+                               "files load only beside no vLLM")
+    sys.modules.update(entries)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - any import failure makes the kernel unavailable
+        raise StockUnavailable(f"{path}: {type(exc).__name__}: {exc}") from None
+    finally:
+        for k in entries:
+            sys.modules.pop(k, None)
+    return module
 
 
 @functools.cache
@@ -307,3 +339,20 @@ def mla_q_concat_insert(ql_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.T
             ql_nope, q_pe, kv_c, k_pe, out, kv_cache, slot_mapping, kv_cache.shape[1], None,
             None)
     return out
+
+
+def check_main(argv: list[str] | None, prog: str, description: str,
+               check: Callable[[str | None], int]) -> int:
+    """The command line of a ``--check`` entry point of this folder: ``--check`` runs
+    ``check(root)`` and returns its exit code; without it, the usage and 2."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--check", action="store_true", help="run the GPU check")
+    p.add_argument("--root", help="the unpacked pack, holding py/ (default $K3_STOCK_ROOT or "
+                                  "/root/vllm_stock)")
+    args = p.parse_args(argv)
+    if not args.check:
+        p.print_usage()
+        return 2
+    return check(args.root)

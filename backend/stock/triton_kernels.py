@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import json
 import sys
 import types
@@ -29,7 +28,7 @@ from typing import Any
 import torch
 
 from backend.stock.libs import WHEEL_NAME
-from backend.stock.ops import StockUnavailable, stock_root
+from backend.stock.ops import exec_wheel_file, stock_root
 
 PY_FILES = {"attn_res": "vllm/models/kimi_k3/nvidia/ops/attn_res.py"}
 """kernel family -> its file inside the wheel (and under ``<pack root>/py/``)."""
@@ -80,26 +79,8 @@ def load(family: str, root: str | Path | None = None) -> types.ModuleType:
     the file is missing or does not import."""
     if family in _LOADED:
         return _LOADED[family]
-    path = file_path(family, root)
-    if not path.is_file():
-        raise StockUnavailable(f"{path} is missing (carry the wheel's Python kernel files: "
-                               "python -m backend.stock.triton_kernels --wheel ...)")
-    shims = _shim_modules()
-    clash = [name for name in shims if name in sys.modules]
-    if clash:
-        raise StockUnavailable(f"a real {clash[0]} is imported in this process; the wheel's "
-                               "kernel files load only beside no vLLM")
-    spec = importlib.util.spec_from_file_location(f"k3ft_vllm_stock_{family}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.update(shims)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - any import failure makes the kernel unavailable
-        raise StockUnavailable(f"{path}: {type(exc).__name__}: {exc}") from None
-    finally:
-        for name in shims:
-            sys.modules.pop(name, None)
+    module = exec_wheel_file(file_path(family, root), f"k3ft_vllm_stock_{family}",
+                             _shim_modules())
     _LOADED[family] = module
     return module
 

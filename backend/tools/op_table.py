@@ -42,7 +42,6 @@ import gc
 import json
 import shlex
 import statistics
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -331,23 +330,16 @@ def run_point(weights: ModelWeights, batch: int, context: int, ceiling: float,
             "rows": rows}
 
 
-def _git_commit() -> str | None:
-    try:
-        res = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parents[2], timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (res.stdout.strip() or None) if res.returncode == 0 else None
-
-
-def _tree_digest() -> str | None:
-    """sha256 of the repository's files as ``k3ft validate`` records it (``envinfo.git_state``):
-    it names the code even where the copy's git HEAD is stale (a device copy of a working
-    tree), as a bundle's ``ran_commit`` is found."""
+def _code() -> dict[str, str | None]:
+    """The git commit and the tree sha256 of the repository's files as ``k3ft validate`` records
+    them (``envinfo.git_state``): the digest names the code even where the copy's git HEAD is
+    stale (a device copy of a working tree), as a bundle's ``ran_commit`` is found."""
     from k3fasttrack.envinfo import git_state
 
     state = git_state(Path(__file__).resolve().parents[2])
-    return None if state is None else state.tree_digest
+    if state is None:
+        return {"git_commit": None, "tree_sha256": None}
+    return {"git_commit": state.commit, "tree_sha256": state.tree_digest}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -379,8 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_table(f"per op, {title.format(**p)} (us per layer)", p["rows"]) + "\n")
     if args.json is not None:
         doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-               "copy_ceiling_tbs": ceiling, "git_commit": _git_commit(),
-               "tree_sha256": _tree_digest(),
+               "copy_ceiling_tbs": ceiling, **_code(),
                "command": shlex.join([sys.executable, "-m", "backend.tools.op_table", *argv]),
                "depth": args.depth, "experts": args.experts, "shard_tp": 8,
                "latent_shards": args.latent_shards, "points": points}
