@@ -47,7 +47,8 @@ def test_placement_gives_each_side_its_own_cores(monkeypatch: pytest.MonkeyPatch
 
 def test_calibration_measures_prompt_and_generation_throughput(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A fake server (the real one is vLLM): prefill 0.5 s for 200 tokens, 0.1 s per token."""
+    """A fake server (the real one is vLLM): prefill 0.5 s for 200 tokens, 0.1 s per token,
+    requests served one at a time (so the batched figure is the one-request rate)."""
     now = [0.0]
     monkeypatch.setattr(calibration.time, "perf_counter", lambda: now[0])
     bodies: list[dict[str, Any]] = []
@@ -59,11 +60,16 @@ def test_calibration_measures_prompt_and_generation_throughput(
         return {"usage": {"prompt_tokens": 200, "completion_tokens": n}}
 
     t = calibrate("baseline", post)
-    assert [b["max_tokens"] for b in bodies] == [1, 1, calibration.GEN_TOKENS]
+    n = calibration.GEN_TOKENS
+    assert [b["max_tokens"] for b in bodies] == [1, 1, n] + [n] * calibration.CONCURRENT
     assert all(b["ignore_eos"] for b in bodies)
     assert t.prompt_tokens_per_s == pytest.approx(400.0)
-    assert t.generated_tokens == calibration.GEN_TOKENS - 1
+    assert t.generated_tokens == n - 1
     assert t.generation_tokens_per_s == pytest.approx(10.0)
+    assert t.concurrent_requests == calibration.CONCURRENT
+    # every batched request's tokens over the whole batch's wall time, prefill included
+    assert t.concurrent_generation_tokens_per_s == pytest.approx(n / (0.5 + 0.1 * (n - 1)),
+                                                                 abs=0.05)
 
 
 def test_host_record_names_cpu_placement_and_cap(monkeypatch: pytest.MonkeyPatch) -> None:

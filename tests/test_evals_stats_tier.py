@@ -135,3 +135,39 @@ def test_every_planned_suite_is_in_the_report(tmp_path) -> None:
     (tmp_path / "plan.json").write_text(plan.model_dump_json())
     assert any(p.startswith("plan.json plans suites gpqa_diamond, gsm8k, the report holds gsm8k")
                for p in SPEC.recompute(report, tmp_path))
+
+
+def test_a_budget_shrunk_suite_gates_with_the_planned_documents(tmp_path) -> None:
+    """A suite sized down by the run's plan records the kept documents as its design's
+    ``planned_n`` and a deviation; verify accepts exactly the planned count."""
+    from k3fasttrack.evals.suite import sized
+    from k3fasttrack.models.sizing import SizedWork, SizingPlan
+    from k3fasttrack.tiers.sizing import SIZING_RECORD
+
+    def plan(kept: int) -> SizingPlan:
+        work = SizedWork(name="evals:gsm8k", runs=2, declared=30, minimum=1, prompt_tokens=1035,
+                         generated_tokens=128, planned=kept, planned_tokens=128,
+                         estimated_s=1.0)
+        return SizingPlan(budget_s=10.0, prompt_tokens_per_s=1.0, generation_tokens_per_s=1.0,
+                          declared_s=20.0, scale=kept / 30, work=(work,), note="test")
+
+    (tmp_path / "servers").mkdir()
+    (tmp_path / SIZING_RECORD).write_text(plan(12).model_dump_json())
+    good = [1.0] * 10 + [0.0] * 2
+    _write(tmp_path, "gsm8k", "baseline", good)
+    _write(tmp_path, "gsm8k", "candidate", good)
+    suite = sized(load_suite(DEMO["gsm8k"]), plan(12))
+    cells = {s: {"max_model_len": 2048, "evidence": {"side": s}}
+             for s in ("baseline", "candidate")}
+    done = [(DEMO["gsm8k"], suite, load_suite_data(suite, DataPaths.from_options({})), cells)]
+    report = _report(suite_results(done, tmp_path), [], None, None, [], [], 1)  # type: ignore[arg-type]
+    result = report.suites[0]
+    assert result.design.planned_n == 12
+    assert any("budget kept 12 of the suite's 30" in d for d in result.deviations)
+    assert SPEC.recompute(report, tmp_path) == []
+    (tmp_path / SIZING_RECORD).write_text(plan(20).model_dump_json())
+    assert any("plans 12 documents" in p and "kept 20" in p
+               for p in SPEC.recompute(report, tmp_path))
+    (tmp_path / SIZING_RECORD).unlink()  # without the plan the shipped file's 30 are due
+    assert any("differs from the one eval_suites/demo/gsm8k.yaml declares" in p
+               for p in SPEC.recompute(report, tmp_path))

@@ -179,3 +179,52 @@ def test_a_report_without_settings_cannot_pass(failing) -> None:
     problems, status = _recheck(bundle, forged)
     assert any("no settings to recompute" in p for p in problems)
     assert status == "FAIL"
+
+
+def test_the_prompt_count_is_the_declared_or_the_planned_one(tmp_path: Path) -> None:
+    """Without a sizing plan the tier must have sent the declared prompts; with one, the
+    planned number, and no other."""
+    from k3fasttrack.models.sizing import SizedWork, SizingPlan
+    from k3fasttrack.tiers.sizing import SIZING_RECORD
+
+    n = len(prompts())
+    bundle = tmp_path / "b"
+    report = make_bundle(bundle, arm_rows("c"), cfg=config(prompts=n + 8))
+    problems, _ = _recheck(bundle, report)
+    assert any(f"sent {n} prompts, the profile declares {n + 8}" in p for p in problems)
+
+    def plan(kept: int) -> None:
+        work = SizedWork(name="tokens", runs=3, declared=n + 8, minimum=32, prompt_tokens=3,
+                         generated_tokens=config().max_tokens, planned=kept,
+                         planned_tokens=config().max_tokens, estimated_s=1.0)
+        (bundle / SIZING_RECORD).parent.mkdir(exist_ok=True)
+        (bundle / SIZING_RECORD).write_text(SizingPlan(
+            budget_s=10.0, prompt_tokens_per_s=1.0, generation_tokens_per_s=1.0,
+            declared_s=20.0, scale=0.5, work=(work,), note="test").model_dump_json())
+
+    plan(n)
+    assert _recheck(bundle, report)[0] == []
+    plan(n - 1)
+    assert any(f"{SIZING_RECORD} plans {n - 1}" in p for p in _recheck(bundle, report)[0])
+
+
+def test_kept_prompts_must_be_the_first_of_the_seeded_draw(tmp_path: Path) -> None:
+    from k3fasttrack.tiers.tokens.prompts import draw
+
+    cfg = config()
+    bundle = tmp_path / "b"
+    report = make_bundle(bundle, arm_rows("c"), cfg=cfg)
+    assert report.prompt_set is not None
+    n = len(report.prompt_set.rows)
+    first = draw(1000, cfg)[:n]
+    lines = [json.loads(x) for x in (bundle / PROMPTS_FILE).read_text().splitlines()]
+    for rows in (first, first[::-1]):
+        for line, row in zip(lines, rows, strict=True):
+            line["row"] = row
+        (bundle / PROMPTS_FILE).write_text("".join(json.dumps(x) + "\n" for x in lines))
+        prompt_set = report.prompt_set.model_copy(update={"rows": tuple(rows),
+                                                          "dataset_rows": 1000})
+        problems, _ = _recheck(bundle, report.model_copy(update={"prompt_set": prompt_set}))
+        assert bool(problems) == (rows != first), problems
+        if problems:
+            assert "first" in problems[0] and "seeded draw" in problems[0]

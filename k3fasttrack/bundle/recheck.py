@@ -7,6 +7,8 @@ folder before signing it, ``k3ft verify`` on every bundle; each defect raises it
 - ``plan.json``'s depth record is the one ``profile.json`` and the recorded suite designs give
   (``k3fasttrack.depth.recompute``), ``profile.json`` meets its depth, and a run named after a
   shipped profile has that profile's depth;
+- a budgeted run's sizing plan (``servers/sizing.json``) is the one its budget, calibration and
+  declared sizes give (``k3fasttrack.tiers.sizing.recheck``);
 - every tier's summary figures recompute from its raw samples (``TierSpec.recompute``);
 - every tier's status is the one its evidence gives (``TierSpec.restatus``);
 - ``verdict.json`` is, field for field, the verdict those statuses give.
@@ -29,6 +31,9 @@ from k3fasttrack.models.reports import TIER_REPORT_ADAPTER, RunRecord, TierRepor
 from k3fasttrack.models.verdict import Verdict
 from k3fasttrack.pipeline.verdict import compute_verdict
 from k3fasttrack.tiers.registry import recompute_all, restatus
+from k3fasttrack.models.sizing import SizingPlan
+from k3fasttrack.tiers.sizing import read_plan as read_sizing
+from k3fasttrack.tiers.sizing import recheck as recheck_sizing
 
 RUN_RECORD = "run.json"
 PLAN = "plan.json"
@@ -71,6 +76,9 @@ def check_run(root: Path, listed: set[str]) -> tuple[RunRecord, list[TierReport]
             if raw not in listed:
                 raise ReportInvalidError(f"{rel} cites raw file {raw}, which is not in the bundle")
     check_plan(root, listed, run, reports)
+    sized = _guarded("the sizing plan cannot be recomputed", lambda: recheck_sizing(root))
+    if sized:
+        raise SummaryMismatchError(f"sizing plan disagrees with its inputs: {'; '.join(sized)}")
     problems = _guarded("summary figures cannot be recomputed from the raw samples",
                         lambda: recompute_all(root, run.reports))
     if problems:
@@ -118,6 +126,9 @@ def check_plan(root: Path, listed: set[str], run: RunRecord, reports: list[TierR
 GATE_SECTIONS = ("tokens", "evals", "features", "proof")
 """Profile sections that set what a gate accepts: a run named after a shipped profile gates with
 exactly the shipped profile's, so looser limits need a profile of another name."""
+PLANNING_FIELDS = {"tokens": ("plan_prompt_tokens",)}
+"""Fields of a gate section that only feed a budget's time estimate, never a gate: a plan built
+on other estimates is rechecked against the run's own ``profile.json`` (``tiers.sizing``)."""
 
 
 def _check_embedded_gates(root: Path, name: str) -> None:
@@ -133,6 +144,10 @@ def _check_embedded_gates(root: Path, name: str) -> None:
         raise ReportInvalidError(f"profile.json does not validate as a profile: "
                                  f"{str(exc).splitlines()[0]}") from None
     recorded = parsed.model_dump(mode="json")
+    for section, fields in PLANNING_FIELDS.items():
+        for doc in (recorded, shipped):
+            for f in fields:
+                (doc.get(section) or {}).pop(f, None)
     changed = [k for k in GATE_SECTIONS if recorded.get(k) != shipped.get(k)]
     if changed:
         raise ReportInvalidError(
@@ -173,15 +188,20 @@ def check_depth(root: Path, listed: set[str], plan: Plan, reports: list[TierRepo
         raise SummaryMismatchError(
             f"plan.json's depth record disagrees with profile.json in {field}: recorded "
             f"{_short(getattr(recorded, field))}, recomputed {_short(getattr(expected, field))}")
-    _check_suite_designs(recorded.suites, reports)
+    _check_suite_designs(recorded.suites, reports, read_sizing(root))
 
 
-def _check_suite_designs(suites: tuple[SuitePower, ...], reports: list[TierReport]) -> None:
-    """Each suite the evals report ran was planned with the design it ran under."""
+def _check_suite_designs(suites: tuple[SuitePower, ...], reports: list[TierReport],
+                         sizing: SizingPlan | None = None) -> None:
+    """Each suite the evals report ran was planned with the design it ran under (with the
+    documents the run's sizing plan kept, when a budget shrank the suite)."""
     planned = {s.suite: s.design for s in suites}
     for report in reports:
         for result in getattr(report, "suites", ()) if report.tier == "evals" else ():
             design = planned.get(result.suite)
+            kept = sizing.planned(f"evals:{result.suite}") if sizing is not None else None
+            if design is not None and kept is not None:
+                design = design.model_copy(update={"planned_n": kept})
             if design is None or design != result.design:
                 raise SummaryMismatchError(
                     f"evals ran suite {result.suite} with design {_short(result.design)}, but "

@@ -17,6 +17,7 @@ from pydantic import Field, ValidationError, model_validator
 from k3fasttrack.data import DATA_DIR, data_candidates, resolve_data_file
 from k3fasttrack.errors import UsageError
 from k3fasttrack.models.base import Record
+from k3fasttrack.models.sizing import SizingPlan
 from k3fasttrack.stats.models import NoninferiorityDesign
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -135,6 +136,9 @@ class Suite(Record):
     full_max_gen_toks: int | None = None
     """Generation budget of the full suite (a smaller ``max_gen_toks`` is a deviation)."""
     num_fewshot: int = Field(0, ge=0)
+    plan_prompt_tokens: int = Field(512, ge=1)
+    """Mean prompt length in tokens (few-shot examples included), for the time estimate of a
+    budgeted run; a budget that shrinks the run lowers ``limit``."""
     system_instruction: str | None = None
     generation: Generation
     score: Score = Field(default_factory=Score)
@@ -216,6 +220,15 @@ def design(suite: Suite) -> NoninferiorityDesign:
         margin=rule.margin, alpha=rule.alpha, power=rule.power, aa_flip_rate=rule.aa_flip_rate,
         chance=rule.chance, planned_n=min(suite.limit or suite.full_size, suite.full_size),
     )
+
+
+def sized(suite: Suite, plan: SizingPlan | None) -> Suite:
+    """The suite as a budgeted run sends it: ``limit`` lowered to the documents its sizing plan
+    keeps (unchanged without a plan, or when the plan keeps every declared document)."""
+    n = plan.planned(f"evals:{suite.name}") if plan is not None else None
+    if n is None or n >= min(suite.limit or suite.full_size, suite.full_size):
+        return suite
+    return suite.model_copy(update={"limit": n})
 
 
 def budget_deviations(suite: Suite, n_used: int) -> list[str]:

@@ -35,6 +35,19 @@ class Bounds(Record):
     """All GPUs of one server must share one NVLink domain (MNNVL racks count as one)."""
 
 
+class Budget(Record):
+    """How long the run's sized tiers may take on the host it meets (``k3fasttrack.tiers.sizing``).
+
+    After the server pair starts, a short calibration measures the baseline's prompt and
+    generation throughput; the tokens and evals tiers then take the largest share of their
+    declared prompts and documents (the same share for all, never fewer than a gate's minimum)
+    whose estimated time fits ``sized_tiers_s``. The plan and its inputs go to
+    ``servers/sizing.json``, and ``verify`` recomputes it."""
+
+    sized_tiers_s: float = Field(gt=0)
+    """Seconds of tokens- and evals-tier work, estimated from the calibration."""
+
+
 class Profile(Artefact):
     """A validation profile (YAML). Shipped: cpu-demo (default), vllm-k3-gb300, k3-hopper."""
 
@@ -56,6 +69,8 @@ class Profile(Artefact):
     evals: EvalsConfig = Field(default_factory=EvalsConfig)
     features: FeaturesConfig = Field(default_factory=FeaturesConfig)
     perf: PerfConfig = Field(default_factory=PerfConfig)
+    budget: Budget | None = None
+    """None: the tiers run at their declared sizes whatever the host."""
 
     @model_validator(mode="after")
     def _meets_depth(self) -> Profile:

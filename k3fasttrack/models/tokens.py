@@ -36,6 +36,9 @@ class TokensConfig(Record):
     prompts: int = SMOKE_PROMPTS
     """Rows drawn without replacement with ``random.Random(selection_seed)``."""
     selection_seed: int = 0
+    plan_prompt_tokens: int = Field(default=128, ge=1)
+    """Mean prompt length in tokens, for the time estimate of a budgeted run (``budget``); a
+    budget that shrinks the run keeps the first prompts of the seeded draw."""
     max_tokens: int = SMOKE_MAX_TOKENS
     """Tokens generated per prompt (``ignore_eos``: every arm generates exactly this many)."""
     top_logprobs: int = Field(default=20, ge=1, le=20)
@@ -88,6 +91,9 @@ class PromptSet(Record):
     """Digest of the dataset file as read."""
     rows: tuple[int, ...]
     """Row indices of the file, in prompt order."""
+    dataset_rows: int | None = None
+    """Rows in the file: with ``selection_seed`` and the declared ``prompts`` it fixes the draw
+    whose first ``len(rows)`` entries these are."""
     template: str
     """How a row became token ids (the baseline's ``/tokenize`` with its chat template)."""
     raw_file: str

@@ -17,13 +17,16 @@ from k3fasttrack.evals.suite import (
     SuiteError,
     design,
     load_suite,
+    sized,
     suite_digest,
 )
 from k3fasttrack.models.base import TierStatus
 from k3fasttrack.models.evals import EvalsReport, SuiteResult
 from k3fasttrack.models.plan import Plan
 from k3fasttrack.models.reports import TierReport
+from k3fasttrack.models.sizing import SizingPlan
 from k3fasttrack.stats.models import SuiteVerdict
+from k3fasttrack.tiers.sizing import SIZING_RECORD, read_plan
 from k3fasttrack.tiers.restatus import Restated, serving_status
 
 _FIELDS = (
@@ -85,11 +88,16 @@ def _one(result: SuiteResult, again: Paired, judged: Judged) -> list[str]:
     return problems
 
 
-def _declared(result: SuiteResult) -> str:
+def _declared(result: SuiteResult, plan: SizingPlan | None = None) -> str:
     """The design a report gates with must be the one its suite file declares: a sound design
-    (bounded level, margin, power), and, when the suite file that ran is the one shipped here
-    (same sha256), exactly that file's design."""
+    (bounded level, margin, power), planning the documents the run's sizing plan kept (when it
+    has one), and, when the suite file that ran is the one shipped here (same sha256), exactly
+    that file's design at that size."""
     d = result.design
+    kept = plan.planned(f"evals:{result.suite}") if plan is not None else None
+    if kept is not None and d.planned_n != kept:
+        return (f"{result.suite}: the recorded design plans {d.planned_n} documents, "
+                f"{SIZING_RECORD} kept {kept}")
     if not (0 < d.alpha <= 0.5 and 0 < d.margin <= 1 and 0 < d.power < 1 and d.planned_n >= 1
             and 0 <= d.aa_flip_rate <= 1 and 0 <= d.chance < 1):
         return f"{result.suite}: the recorded design is out of bounds ({d})"
@@ -99,7 +107,7 @@ def _declared(result: SuiteResult) -> str:
         shipped = suite_digest(result.suite_file) == result.suite_sha256
     except OSError:
         shipped = False
-    if shipped and design(load_suite(result.suite_file)) != d:
+    if shipped and design(sized(load_suite(result.suite_file), plan)) != d:
         return (f"{result.suite}: the recorded design differs from the one {result.suite_file} "
                 "declares")
     return ""
@@ -155,7 +163,9 @@ def recompute(report: TierReport, bundle_dir: Path) -> list[str]:
     missing = _missing(report, bundle_dir)
     if missing:
         return missing
-    problems: list[str] = [*_planned_suites(report, bundle_dir), *map(_declared, report.suites)]
+    plan = read_plan(bundle_dir)
+    problems: list[str] = [*_planned_suites(report, bundle_dir),
+                           *(_declared(r, plan) for r in report.suites)]
     problems = [p for p in problems if p]
     for result, (again, judged) in zip(report.suites, rejudge(report, bundle_dir), strict=True):
         problems.extend(_one(result, again, judged))

@@ -32,6 +32,7 @@ from k3fasttrack.evals.suite import (
     design,
     load_suite,
     resolve_suite_path,
+    sized,
     suite_copy_path,
     suite_digest,
     suite_relpath,
@@ -41,6 +42,7 @@ from k3fasttrack.models.evals import EvalsReport, SuiteResult
 from k3fasttrack.models.plan import Cell
 from k3fasttrack.models.profile import Profile
 from k3fasttrack.models.samples import Side
+from k3fasttrack.models.sizing import SizingPlan
 from k3fasttrack.models.serving import SwitchCheckRecord
 from k3fasttrack.pipeline.atomic import write_bytes_atomic, write_json_atomic
 from k3fasttrack.pipeline.context import NotRunnable, TierContext
@@ -52,6 +54,7 @@ from k3fasttrack.serving import (
     pair_service,
 )
 from k3fasttrack.serving.server import Server
+from k3fasttrack.tiers import sizing
 from k3fasttrack.tiers.evals.recompute import suites_status
 
 SIDES: tuple[Side, ...] = ("baseline", "candidate")
@@ -168,9 +171,13 @@ def suite_result(
     cells: dict[Side, dict[str, Any]],
     paired: Paired,
     judged: Judged,
+    plan: SizingPlan | None = None,
 ) -> SuiteResult:
     """A finished suite's record: its settings, its paired figures and its gate."""
     devs = budget_deviations(suite, paired.comparison.n) + list(data.deviations)
+    devs += [f"slice: the run's budget kept {w.planned} of the suite's {w.declared} declared "
+             f"documents ({sizing.SIZING_RECORD})" for w in (plan.work if plan else ())
+             if w.name == f"evals:{suite.name}" and w.planned < w.declared]
     return SuiteResult(
         suite=suite.name,
         suite_file=suite_relpath(ref),
@@ -212,7 +219,8 @@ def suite_results(done: list[Finished], bundle_dir: Path) -> list[SuiteResult]:
     for ref, suite, _, _ in done:
         write_bytes_atomic(bundle_dir / suite_copy_path(suite.name),
                            resolve_suite_path(ref).read_bytes())
-    return [suite_result(ref, suite, data, cells, p, j)
+    plan = sizing.read_plan(bundle_dir)
+    return [suite_result(ref, suite, data, cells, p, j, plan)
             for (ref, suite, data, cells), p, j in zip(done, paired, judged, strict=True)]
 
 
@@ -232,7 +240,9 @@ def run(ctx: TierContext) -> EvalsReport:
     try:
         pair = pair_service(ctx)
         switch = pair.switch_check()
-        for ref, suite, data in inputs:
+        plan = sizing.ensure(ctx)
+        for ref, declared, data in inputs:
+            suite = sized(declared, plan)
             try:
                 cells = _run_suite(ctx, pair, ref, suite, data)
             except SuiteFailed as exc:

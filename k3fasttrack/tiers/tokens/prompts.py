@@ -34,20 +34,27 @@ def dataset_path(cfg: TokensConfig, options: dict[str, Any]) -> Path:
     return path
 
 
-def select_rows(path: Path, cfg: TokensConfig) -> tuple[list[int], list[str], str]:
-    """(row indices, texts, sha256 of the file): ``cfg.prompts`` rows drawn without replacement
-    with ``random.Random(cfg.selection_seed)``."""
+def select_rows(path: Path, cfg: TokensConfig,
+                keep: int | None = None) -> tuple[list[int], list[str], str, int]:
+    """(row indices, texts, sha256 of the file, rows in the file): ``cfg.prompts`` rows drawn
+    without replacement with ``random.Random(cfg.selection_seed)``, of which the first ``keep``
+    (all when None) are kept."""
     data = path.read_bytes()
     rows = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
     if len(rows) < cfg.prompts:
         raise UsageError(f"tokens: {path} has {len(rows)} rows, the profile asks for "
                          f"{cfg.prompts} prompts")
-    picked = random.Random(cfg.selection_seed).sample(range(len(rows)), cfg.prompts)
+    picked = draw(len(rows), cfg)[:keep]
     try:
         texts = [str(rows[i][cfg.field]) for i in picked]
     except (KeyError, TypeError):
         raise UsageError(f"tokens: rows of {path} have no field {cfg.field!r}") from None
-    return picked, texts, hashlib.sha256(data).hexdigest()
+    return picked, texts, hashlib.sha256(data).hexdigest(), len(rows)
+
+
+def draw(dataset_rows: int, cfg: TokensConfig) -> list[int]:
+    """The seeded draw of ``cfg.prompts`` row indices from a file of ``dataset_rows`` rows."""
+    return random.Random(cfg.selection_seed).sample(range(dataset_rows), cfg.prompts)
 
 
 def tokenize(server: Server, text: str) -> list[int]:
@@ -59,16 +66,17 @@ def tokenize(server: Server, text: str) -> list[int]:
 
 
 def build_prompts(bundle_dir: Path, server: Server, cfg: TokensConfig,
-                  options: dict[str, Any]) -> PromptSet:
-    """Select, tokenize and store the prompts; the record of what was selected."""
+                  options: dict[str, Any], keep: int | None = None) -> PromptSet:
+    """Select (the first ``keep`` of the draw), tokenize and store the prompts; the record of
+    what was selected."""
     path = dataset_path(cfg, options)
-    rows, texts, digest = select_rows(path, cfg)
+    rows, texts, digest, size = select_rows(path, cfg, keep)
     lines = [{"prompt": i, "row": row, "text": text, "prompt_token_ids": tokenize(server, text)}
              for i, (row, text) in enumerate(zip(rows, texts, strict=True))]
     data = "".join(json.dumps(x, ensure_ascii=False, sort_keys=True) + "\n" for x in lines)
     write_bytes_atomic(bundle_dir / PROMPTS_FILE, data.encode())
-    return PromptSet(dataset=cfg.dataset, sha256=digest, rows=tuple(rows), template=TEMPLATE,
-                     raw_file=PROMPTS_FILE)
+    return PromptSet(dataset=cfg.dataset, sha256=digest, rows=tuple(rows), dataset_rows=size,
+                     template=TEMPLATE, raw_file=PROMPTS_FILE)
 
 
 def read_prompts(bundle_dir: Path) -> list[list[int]]:

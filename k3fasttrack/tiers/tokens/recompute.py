@@ -10,10 +10,11 @@ from typing import Any
 
 from k3fasttrack.models.base import TierStatus
 from k3fasttrack.models.reports import TierReport
-from k3fasttrack.models.tokens import TokensReport
+from k3fasttrack.models.tokens import TokensConfig, TokensReport
 from k3fasttrack.tiers.restatus import status_from_checks
 from k3fasttrack.tiers.tokens.judge import Judged, gate_checks, judge
-from k3fasttrack.tiers.tokens.prompts import PROMPTS_FILE, read_prompts
+from k3fasttrack.tiers.sizing import SIZING_RECORD, read_plan, sized_tokens
+from k3fasttrack.tiers.tokens.prompts import PROMPTS_FILE, draw, read_prompts
 from k3fasttrack.tiers.tokens.arms import arm_file
 from k3fasttrack.tiers.tokens.tier import SWITCH_CHECK, read_arms, tokens_status
 
@@ -51,6 +52,8 @@ def _declared(report: TokensReport, bundle_dir: Path) -> list[str]:
     if not path.is_file() or report.config is None:
         return []
     declared = json.loads(path.read_text()).get("tokens")
+    if declared is not None:  # through the model: a field added since the run is its default
+        declared = TokensConfig.model_validate(declared).model_dump(mode="json")
     if declared is None or _differs(declared, report.config.model_dump(mode="json")):
         return ["the report's settings differ from the tokens section of profile.json"]
     return []
@@ -64,6 +67,22 @@ def _prompt_rows(report: TokensReport, bundle_dir: Path) -> list[str]:
     got = tuple(int(r["row"]) for r in sorted(rows, key=lambda r: r["prompt"]))
     if got != report.prompt_set.rows:
         return [f"{PROMPTS_FILE} holds other dataset rows than the report records"]
+    return _prompt_count(report, bundle_dir)
+
+
+def _prompt_count(report: TokensReport, bundle_dir: Path) -> list[str]:
+    """As many prompts as the declared count, or as the run's sizing plan kept, and (where the
+    report records the dataset's size) the first ones of the seeded draw."""
+    assert report.prompt_set is not None and report.config is not None
+    rows, cfg = report.prompt_set.rows, report.config
+    plan = read_plan(bundle_dir)
+    want = sized_tokens(cfg, plan).prompts
+    if len(rows) != want:
+        why = f"{SIZING_RECORD} plans" if plan is not None else "the profile declares"
+        return [f"the tier sent {len(rows)} prompts, {why} {want}"]
+    size = report.prompt_set.dataset_rows
+    if size is not None and (size < cfg.prompts or list(rows) != draw(size, cfg)[:len(rows)]):
+        return [f"{PROMPTS_FILE}'s rows are not the first {len(rows)} of the seeded draw"]
     return []
 
 
@@ -71,7 +90,8 @@ def rejudge(report: TokensReport, bundle_dir: Path) -> Judged | None:
     """The judgement the raw rows give (None when the tier judged nothing)."""
     if report.config is None or report.prompt_set is None or len(report.arms) < 3:
         return None
-    return judge(read_prompts(bundle_dir), read_arms(bundle_dir, report.arms), report.config)
+    return judge(read_prompts(bundle_dir), read_arms(bundle_dir, report.arms),
+                 sized_tokens(report.config, read_plan(bundle_dir)))
 
 
 def _compare(report: TokensReport, judged: Judged) -> list[str]:

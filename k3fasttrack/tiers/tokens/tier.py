@@ -39,6 +39,8 @@ from k3fasttrack.serving import (
 from k3fasttrack.serving.effective import diff_configs
 from k3fasttrack.serving.runner import stop_server, switch_outcome
 from k3fasttrack.serving.server import Server, Watchdog
+from k3fasttrack.tiers import sizing
+from k3fasttrack.tiers.sizing import SIZING_RECORD
 from k3fasttrack.tiers.tokens.arms import (
     arm_file,
     run_arm,
@@ -68,13 +70,20 @@ def plan_cells(profile: Profile, tp: int, options: dict[str, object]) -> list[Ce
             for step in ("prompts", *ARMS)]
 
 
-def deviations(cfg: TokensConfig, logprobs_mode: str) -> list[str]:
-    """How the run departs from the smoke depth, and a logprobs mode that hides processors."""
+def deviations(cfg: TokensConfig, logprobs_mode: str,
+               sent: TokensConfig | None = None) -> list[str]:
+    """How the run departs from the smoke depth (``sent``: the settings as the run's budget
+    sized them, when it did), and a logprobs mode that hides processors."""
     out = []
-    if cfg.prompts < SMOKE_PROMPTS:
-        out.append(f"{cfg.prompts} prompts (smoke depth: {SMOKE_PROMPTS}-128)")
-    if cfg.max_tokens < SMOKE_MAX_TOKENS:
-        out.append(f"{cfg.max_tokens} tokens per prompt (smoke depth: {SMOKE_MAX_TOKENS})")
+    sent = sent or cfg
+    if (sent.prompts, sent.max_tokens) != (cfg.prompts, cfg.max_tokens):
+        out.append(f"{sent.prompts} of the {cfg.prompts} declared prompts, {sent.max_tokens} of "
+                   f"the {cfg.max_tokens} declared tokens each: the run's budget sized the tier "
+                   f"to this host ({SIZING_RECORD})")
+    if sent.prompts < SMOKE_PROMPTS:
+        out.append(f"{sent.prompts} prompts (smoke depth: {SMOKE_PROMPTS}-128)")
+    if sent.max_tokens < SMOKE_MAX_TOKENS:
+        out.append(f"{sent.max_tokens} tokens per prompt (smoke depth: {SMOKE_MAX_TOKENS})")
     if logprobs_mode != "processed_logprobs":
         out.append(f"logprobs mode {logprobs_mode}: logprobs are taken before logits "
                    "processors, so a processor shows only in the chosen tokens, not in the KL")
@@ -105,9 +114,9 @@ def _b2_server(ctx: TierContext, pair: ServerPair,
 
 
 def _arm_cell(ctx: TierContext, pair: ServerPair, arm: ArmName, prompts: list[list[int]],
-              dog: Watchdog) -> dict[str, Any]:
-    """Run one arm, store its raw rows; the cell's stored result."""
-    cfg = ctx.profile.tokens
+              dog: Watchdog, cfg: TokensConfig) -> dict[str, Any]:
+    """Run one arm with ``cfg`` (the profile's settings as sized), store its raw rows; the
+    cell's stored result."""
     start_s = None
     if arm == "b2":
         srv, start_s = _b2_server(ctx, pair, dog)
@@ -179,13 +188,16 @@ def run(ctx: TierContext) -> TokensReport:
         pair = pair_service(ctx)
         switch = pair.switch_check()
         mode = _logprobs_mode(pair)
+        run_cfg = sizing.sized_tokens(cfg, sizing.ensure(ctx))
         with pair.watchdog("tokens", cfg.tier_timeout_s) as dog:
             stored = ctx.run_cell(cells["prompts"], lambda: {"prompt_set": build_prompts(
-                ctx.bundle_dir, pair.baseline, cfg, ctx.options).model_dump(mode="json")})
+                ctx.bundle_dir, pair.baseline, cfg, ctx.options,
+                run_cfg.prompts).model_dump(mode="json")})
             prompt_set = PromptSet.model_validate(stored["prompt_set"])
             prompts = read_prompt_ids(ctx.bundle_dir)
             for arm in ARMS:
-                got = ctx.run_cell(cells[arm], lambda a=arm: _arm_cell(ctx, pair, a, prompts, dog))  # type: ignore[misc]
+                got = ctx.run_cell(cells[arm], lambda a=arm: _arm_cell(  # type: ignore[misc]
+                    ctx, pair, a, prompts, dog, run_cfg))
                 arms[arm] = ArmRun.model_validate(got["arm"])
                 if got.get("evidence"):
                     evidence.append(got["evidence"])
@@ -217,8 +229,9 @@ def build_report(bundle_dir: Path, cfg: TokensConfig, prompt_set: PromptSet | No
     comparisons: tuple[Any, ...] = ()
     gates: tuple[Any, ...] = ()
     thresholds = None
+    run_cfg = sizing.sized_tokens(cfg, sizing.read_plan(bundle_dir))
     if prompt_set is not None and set(arms) == set(ARMS):
-        judged = judge(read_prompt_ids(bundle_dir), read_arms(bundle_dir, arms.values()), cfg)
+        judged = judge(read_prompt_ids(bundle_dir), read_arms(bundle_dir, arms.values()), run_cfg)
         checks = gate_checks(judged)
         comparisons, gates, thresholds = judged.comparisons, judged.gates, judged.thresholds
     checks += extra_checks
@@ -232,7 +245,8 @@ def build_report(bundle_dir: Path, cfg: TokensConfig, prompt_set: PromptSet | No
         status="INCOMPLETE", reason="", checks=tuple(checks), raw_files=tuple(raw), config=cfg,
         prompt_set=prompt_set, arms=tuple(arms.values()), b2_method=_b2_method(arms),
         comparisons=comparisons, thresholds=thresholds, gates=gates,
-        deviations=tuple(deviations(cfg, mode)), logprobs_mode=mode, switch=switch,
+        deviations=tuple(deviations(cfg, mode, run_cfg)),
+        logprobs_mode=mode, switch=switch,
         failure=failure.one_line() if failure else "", path_evidence=tuple(evidence),
         server_log_tail=tuple(log_tail))
     status, reason = tokens_status(report)
