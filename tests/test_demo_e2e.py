@@ -2,7 +2,9 @@
 vLLM CPU servers (SmolLM2-135M-Instruct; the candidate adds n-gram speculative decoding), runs
 the token-level agreement gate (three arms: baseline, baseline restarted, candidate), the four
 eval suites through real lm-eval, the feature checks, a real perf sweep through
-`vllm bench serve`, and the proof tier, then signs the bundle. One run serves every test here.
+`vllm bench serve`, and the proof tier, then signs the bundle. One run serves every test here;
+it runs with ``--budget`` (BUDGET_S), so the tokens and evals tiers size themselves to this host
+(on CI's machine below their declared sizes: the sizing path is exercised end to end).
 A second, smaller run kills the candidate server mid-suite and resumes."""
 
 import json
@@ -21,6 +23,7 @@ from k3fasttrack.evals.suite import SUITES_DIR
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
+BUDGET_S = 150
 
 
 def _env(tmp: Path) -> dict[str, str]:
@@ -32,8 +35,8 @@ def demo(tmp_path_factory) -> tuple[Path, dict, subprocess.CompletedProcess]:
     tmp = tmp_path_factory.mktemp("demo")
     env = _env(tmp)
     proc = subprocess.run([sys.executable, "-m", "k3fasttrack", "validate", "--out",
-                           str(tmp / "run"), "--json"], env=env, capture_output=True, text=True,
-                          cwd=ROOT, timeout=2400)
+                           str(tmp / "run"), "--budget", str(BUDGET_S), "--json"], env=env,
+                          capture_output=True, text=True, cwd=ROOT, timeout=2400)
     return tmp, env, proc
 
 
@@ -81,11 +84,18 @@ def test_demo_bundle_holds_raw_samples_and_plots(demo) -> None:
     assert [g["name"] for g in tokens["gates"]] == ["confident_divergence", "kl", "identity_rate"]
     assert [c["arm"] for c in tokens["comparisons"]] == ["b2", "c"]
     assert tokens["thresholds"]["confident_margin"] >= tokens["config"]["confident_margin_floor"]
+    plan = json.loads((bundle / "servers/sizing.json").read_text())
+    assert plan["budget_s"] == BUDGET_S
+    assert json.loads((bundle / "profile.json").read_text())["budget"]["sized_tiers_s"] == BUDGET_S
+    sized = {w["name"]: w for w in plan["work"]}
     for arm in ("b1", "b2", "c"):
         rows = (bundle / f"tokens/{arm}.jsonl").read_text().splitlines()
-        assert len(rows) == tokens["config"]["prompts"]
+        assert len(rows) == sized["tokens"]["planned"] <= tokens["config"]["prompts"]
         row = json.loads(rows[0])
-        assert len(row["token_ids"]) == tokens["config"]["max_tokens"] == len(row["top_ids"])
+        assert len(row["token_ids"]) == sized["tokens"]["planned_tokens"] == len(row["top_ids"])
+    for suite in ("gsm8k", "aime25", "gpqa_diamond", "mrcr_generated"):
+        rows = (bundle / f"evals/{suite}/baseline.jsonl").read_text().splitlines()
+        assert len(rows) == sized[f"evals:{suite}"]["planned"]
     evals = json.loads((bundle / "reports/evals.json").read_text())
     deviations = json.dumps(evals)
     assert "synthetic" in deviations.lower()  # GPQA ran on the synthetic fixture, said so

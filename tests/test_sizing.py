@@ -174,3 +174,17 @@ def test_the_recheck_is_part_of_bundle_verification(budgeted: Path, monkeypatch)
     monkeypatch.setattr("k3fasttrack.bundle.recheck.check_plan", lambda *a: None)
     with pytest.raises(SummaryMismatchError, match="sizing plan"):
         check_run(budgeted, {"run.json"})
+
+
+def test_the_pr_comment_says_what_the_host_measured_and_what_the_budget_kept(
+        budgeted: Path) -> None:
+    from k3fasttrack.summary import host_paragraph
+
+    text = host_paragraph(budgeted)
+    plan = sizing.read_plan(budgeted)
+    assert plan is not None and plan.scale < 1
+    assert "baseline 150 prompt tok/s" in text and "40.0 with 8 in flight" in text
+    assert "Sizing: declared sizes would take an estimated" in text
+    tokens = plan.get("tokens")
+    assert tokens is not None and f"tokens {tokens.planned}/{tokens.declared}" in text
+    assert host_paragraph(budgeted / "nothing-here") == ""

@@ -149,6 +149,12 @@ def validate_command(
     sign: Annotated[bool | None, typer.Option("--sign/--no-sign", help="Sign the bundle here "
                     "(default; --no-sign on a GPU host that must not hold the key; then `k3ft "
                     "sign OUT`).")] = None,
+    budget: Annotated[float | None, typer.Option(
+        min=1.0, metavar="SECONDS",
+        help="Seconds the tokens and evals tiers may take on this host, by its calibration "
+             "(instead of the profile's budget): over it they keep the same share of their "
+             "prompts and documents, never below a gate's minimum; servers/sizing.json in the "
+             "bundle says what was kept.")] = None,
 ) -> None:
     """Plan, preflight, run the profile's tiers, then write and sign the bundle.
 
@@ -171,7 +177,7 @@ def validate_command(
         repo=repo, base=base, head=head, selection_trace=selection_trace, gpqa_zip=gpqa_zip,
         gpqa_password=gpqa_password, tokenizer=tokenizer, mrcr_dir=mrcr_dir,
         datasets=datasets, baseline_url=baseline_url, candidate_url=candidate_url,
-        baseline_probe=baseline_probe, candidate_probe=candidate_probe))
+        baseline_probe=baseline_probe, candidate_probe=candidate_probe, budget=budget))
     given = Invocation(profile=profile or "", profile_path=profile_path(profile or ""),
                        tp=tp or 0, options=plain, secrets=tuple(secrets),
                        key=str(key.resolve()) if key is not None else None, sign=sign is not False,
@@ -198,6 +204,11 @@ def _run(prof: Any, invocation: Invocation, secrets: dict[str, str], run_out: Pa
     from k3fasttrack.pipeline.validate import ValidateOptions
 
     tier_options: dict[str, object] = {**invocation.options, **secrets}
+    if "budget" in invocation.options:
+        from k3fasttrack.models.profile import Budget
+
+        budget = Budget(sized_tiers_s=float(invocation.options["budget"]))
+        prof = prof.model_copy(update={"budget": budget})
     ready = assess(prof, invocation.tp, tier_options, invocation.command)
     if dry_run:
         _dry_run(ready.plan, ready, as_json)

@@ -79,6 +79,26 @@ def _hardware(env: Environment | None) -> str:
     return f"Hardware: {gpu}. Code under test: {commit}{dirty}. Versions: {versions}."
 
 
+def host_paragraph(bundle_dir: Path) -> str:
+    """The CPU serving host's calibration and what a budget made of the sized tiers
+    (``servers/host.json``, ``servers/sizing.json``); empty when the run started no servers."""
+    from k3fasttrack.models.sizing import SizingPlan
+    from k3fasttrack.serving.calibration import HOST_RECORD, HostRecord, summary
+
+    parts = []
+    try:
+        parts.append(summary(HostRecord.model_validate_json((bundle_dir / HOST_RECORD)
+                                                           .read_bytes())) + ".")
+    except (OSError, ValueError):
+        pass
+    try:
+        plan = SizingPlan.model_validate_json((bundle_dir / "servers/sizing.json").read_bytes())
+        parts.append(f"Sizing: {plan.note}.")
+    except (OSError, ValueError):
+        pass
+    return md_text(" ".join(parts), 1500) if parts else ""
+
+
 def depth_paragraph(bundle_dir: Path) -> str:
     """The run's depth and what it can and cannot detect, computed from ``plan.json``'s depth
     record, as one inert paragraph."""
@@ -124,7 +144,7 @@ def render_summary(bundle_dir: Path, *, max_chars: int = 60000,
     ref = safe_ref(bundle_ref or str(bundle_dir))
     ctx: dict[str, Any] = dict(
         marker=MARKER, notice=notice, run=run, verdict=verdict, icon=ICON, hardware=_hardware(env),
-        depth=depth_paragraph(bundle_dir),
+        depth=depth_paragraph(bundle_dir), host=host_paragraph(bundle_dir),
         root_digest=root, archive_digest=archive_digest,
         verify_command=f"k3ft verify {ref} --allowed-signers allowed_signers",
         details=[tier_detail(r) for r in reports], cut_note=None,
