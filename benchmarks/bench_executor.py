@@ -28,7 +28,7 @@ from backend.k3_decode.executor.runner import Executor
 from backend.k3_decode.executor.state import blocks_needed, make_caches, synthetic_step
 from backend.k3_decode.executor.torch_ops import TorchOps
 from backend.k3_decode.executor.weights import random_model
-from backend.k3_decode.ops.gemv.timing import copy_ceiling_tbs
+from backend.k3_decode.ops.common.timing import copy_ceiling_tbs
 from backend.k3_decode.settings import DecodeSettings
 
 LAYER_NAMES = {0: "dense0 (KDA + dense MLP)", 1: "KDA + MoE", 3: "MLA + MoE"}

@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from backend.k3_decode.ops.gemv.timing import copy_ceiling_tbs
+from backend.k3_decode.ops.common.timing import copy_ceiling_tbs
 from backend.k3_decode.testing import kda_inputs
 
 D, F, W = 128, 128, 4

@@ -350,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _log("error: no CUDA GPU is visible")
         return 3
     from backend import harness
-    from backend.k3_decode.ops.gemv.timing import copy_ceiling_tbs
+    from backend.k3_decode.ops.common.timing import copy_ceiling_tbs
 
     ceiling = copy_ceiling_tbs()
     _log(f"copy ceiling {ceiling:.2f} TB/s; building {args.depth} layers, {args.experts} experts")

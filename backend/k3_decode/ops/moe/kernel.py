@@ -8,7 +8,7 @@ Two kernels, launched back to back by one host function on the caller's stream:
   reads below are bank-conflict free. Per warp and row j, the low half-warp reads gate row j and
   the high half-warp up row I + j: each lane loads 16 bytes (32 E2M1 values = one scale block)
   of 7 chunks plus their E8M0 bytes before any arithmetic, decodes pairs of nibbles to f16x2 in
-  registers (see `gemv/common.py`), multiplies in fp32 and applies the block scale once per 32
+  registers (see `common/device.py`), multiplies in fp32 and applies the block scale once per 32
   products. Half-warp shuffle reductions give gate and up; lane 0 writes
   `act[p, j] = SiTU-GLU(gate, up)` in fp32.
 `moe_w2_kernel`, grid (L / (8 * passes), T): one CTA per (8 * passes output rows, token; default
@@ -34,7 +34,7 @@ import cutlass
 from cutlass import cute
 from cutlass.memory import SmemAllocator
 
-from backend.k3_decode.ops.gemv.device import (
+from backend.k3_decode.ops.common.device import (
     BF16,
     F32,
     I32,

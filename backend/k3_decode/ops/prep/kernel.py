@@ -42,7 +42,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.utils import SmemAllocator
 
-from backend.k3_decode.ops.gemv.device import (
+from backend.k3_decode.ops.common.device import (
     BF16,
     F32,
     I32,

@@ -1,4 +1,5 @@
-"""Timing for the backend-II benchmarks: CUDA-graph replay over input sets rotated past L2.
+"""Timing for the decode backend's benchmarks and tools: CUDA-graph replay over input sets
+rotated past L2.
 
 `time_rotated(make_call, sets)` builds `sets` independent calls (each with its own weights, so
 together they exceed L2), captures them back to back in one CUDA graph, replays it after a
