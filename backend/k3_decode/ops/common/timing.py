@@ -1,15 +1,17 @@
-"""Timing for the decode backend's benchmarks and tools: CUDA-graph replay over input sets
-rotated past L2.
+"""CUDA-graph timing for the decode backend's benchmarks and tools (the one replay-timing loop
+they share).
 
-`time_rotated(make_call, sets)` builds `sets` independent calls (each with its own weights, so
-together they exceed L2), captures them back to back in one CUDA graph, replays it after a
-warm-up, and returns the median time per call in microseconds (CUDA events around each replay).
+`graph_us(graph)` replays a captured graph after a warm-up and returns the median microseconds
+of one replay (CUDA events around each replay). `capture(calls)` runs the calls once eagerly on
+a side stream (compiles, module loads, allocations) and captures them back to back in one graph.
+`time_rotated(calls, ...)` is both for calls over input sets rotated past L2 (each with its own
+weights, so together they exceed L2), per call.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -38,34 +40,52 @@ def sets_for(bytes_per_set: int, factor: float = 3.0, lo: int = 2, hi: int = 64)
     return max(lo, min(hi, int(factor * l2 // max(bytes_per_set, 1)) + 1))
 
 
-def time_rotated(calls: list[Callable[[], object]], replays: int = 15,
-                 warm_ms: float = 30.0) -> float:
-    """Median microseconds per call of `calls` captured back to back in one CUDA graph."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for c in calls:
-            c()  # compile + module load before capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for c in calls:
-            c()
+def graph_us(graph: torch.cuda.CUDAGraph, reps: int = 30, warm_ms: float = 0.0) -> float:
+    """Median microseconds of one replay of `graph` over `reps` timed replays, after warm-up
+    replays: one, or as many as it takes to spend `warm_ms` of GPU time."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     spent = 0.0
-    while spent < warm_ms:
+    while True:
         start.record()
         graph.replay()
         end.record()
         end.synchronize()
         spent += start.elapsed_time(end)
+        if spent >= warm_ms:
+            break
     samples = []
-    for _ in range(replays):
+    for _ in range(reps):
         start.record()
         graph.replay()
         end.record()
         end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000.0 / len(calls))
+        samples.append(start.elapsed_time(end) * 1000.0)
     return statistics.median(samples)
+
+
+def capture(calls: Sequence[Callable[[], object]], warm: int | None = None
+            ) -> torch.cuda.CUDAGraph:
+    """`calls` captured back to back in one CUDA graph, after the first `warm` of them (all by
+    default) ran eagerly on a side stream (compiles and module loads stay out of the capture)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for c in calls[:warm]:
+            c()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for c in calls:
+            c()
+    return graph
+
+
+def time_rotated(calls: Sequence[Callable[[], object]], replays: int = 15, warm_ms: float = 30.0,
+                 warm_calls: int | None = None) -> float:
+    """Median microseconds per call of `calls` captured back to back in one CUDA graph
+    (`capture(calls, warm_calls)`, `graph_us(graph, replays, warm_ms)`)."""
+    return graph_us(capture(calls, warm_calls), replays, warm_ms) / len(calls)
 
 
 def row(cells: list[object]) -> str:
