@@ -109,7 +109,7 @@ def compile_kv_insert(key: KvInsertKey, extra_options: str = ""):
     import cuda.bindings.driver as cuda
     from cutlass import cute
 
-    from backend.k3_decode.ops.norm_glu.kernel import mla_kv_insert_launch
+    from backend.k3_decode.ops.mla.prep_kernel import mla_kv_insert_launch
 
     return cute.compile(mla_kv_insert_launch, *_kv_fake_args(key.fp8), cuda.CUstream(0),
                         key.fp8, key.eps, options=f"--gpu-arch {key.arch} {extra_options}".strip())
@@ -180,7 +180,7 @@ def compile_mla_prep(key: MlaPrepKey, extra_options: str = ""):
     import cutlass
     from cutlass import cute
 
-    from backend.k3_decode.ops.norm_glu.kernel import mla_prep_launch
+    from backend.k3_decode.ops.mla.prep_kernel import mla_prep_launch
 
     bf, i64 = cutlass.BFloat16, cutlass.Int64
     args = [fake_ptr(bf), fake_ptr(bf), fake_ptr(bf), i64(1), i64(1)] + _kv_fake_args(key.fp8)
@@ -257,7 +257,7 @@ def compile_mla_qb(key: MlaQbKey, extra_options: str = ""):
     import cutlass
     from cutlass import cute
 
-    from backend.k3_decode.ops.norm_glu.kernel import mla_qb_launch
+    from backend.k3_decode.ops.mla.prep_kernel import mla_qb_launch
 
     bf, i32, i64 = cutlass.BFloat16, cutlass.Int32, cutlass.Int64
     args = [fake_ptr(bf), fake_ptr(bf), fake_ptr(bf), fake_ptr(bf, 4), i32(1), i32(1), i64(1),
@@ -347,7 +347,7 @@ def compile_mla_qba(key: MlaQbKey, extra_options: str = ""):
     import cutlass
     from cutlass import cute
 
-    from backend.k3_decode.ops.norm_glu.kernel import mla_qba_launch
+    from backend.k3_decode.ops.mla.prep_kernel import mla_qba_launch
 
     bf, f32, i32, i64 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32, cutlass.Int64
     args = [fake_ptr(bf), fake_ptr(bf), fake_ptr(bf), fake_ptr(bf, 4), fake_ptr(bf),
