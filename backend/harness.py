@@ -280,7 +280,7 @@ def step_floor(base: _Side, weights: Any, inp: Any, context: int, s: dict[str, A
     baseline step (it advances the baseline's caches as one more replay would), over the copy
     ceiling measured here."""
     from backend.k3_decode.executor import measure
-    from backend.k3_decode.ops.gemv.timing import copy_ceiling_tbs
+    from backend.k3_decode.ops.common.timing import copy_ceiling_tbs
 
     ex = base.ex
     touched = measure.picked_experts(ex.ops, weights, ex.caches, inp, ex.ws)

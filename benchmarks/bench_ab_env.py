@@ -47,6 +47,7 @@ import torch
 
 from backend.k3_decode.config import k3_config
 from backend.k3_decode.executor import measure as M
+from backend.k3_decode.ops.common import timing
 from backend.k3_decode.executor.kernel_ops import KernelOps
 from backend.k3_decode.executor.runner import Executor
 from backend.k3_decode.executor.state import blocks_needed, make_caches, synthetic_step
@@ -142,8 +143,8 @@ def compare_batch(sides: list[Side], cfg, w, reqs: int, ctx: int, layers: list[i
         for k in range(n):
             b = built[(r + k) % n]  # each round starts one side later
             for pos, g in b["graphs"].items():
-                b["layer_us"][pos].append(M.graph_us(g))
-            b["step_us"].append(M.graph_us(b["step"].graph))
+                b["layer_us"][pos].append(timing.graph_us(g))
+            b["step_us"].append(timing.graph_us(b["step"].graph))
     for b in built:
         b["spans"] = {p: [] for p in layers}
     for r in range(2):  # the spans of each layer inside the whole step, two rotated rounds

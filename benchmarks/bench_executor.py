@@ -28,7 +28,7 @@ from backend.k3_decode.executor.runner import Executor
 from backend.k3_decode.executor.state import blocks_needed, make_caches, synthetic_step
 from backend.k3_decode.executor.torch_ops import TorchOps
 from backend.k3_decode.executor.weights import random_model
-from backend.k3_decode.ops.gemv.timing import copy_ceiling_tbs
+from backend.k3_decode.ops.common.timing import copy_ceiling_tbs, graph_us
 from backend.k3_decode.settings import DecodeSettings
 
 LAYER_NAMES = {0: "dense0 (KDA + dense MLP)", 1: "KDA + MoE", 3: "MLA + MoE"}
@@ -52,8 +52,8 @@ def _layer_row(spec: Executor, stock: Executor, inp, pos: int, ctx: int, ceiling
     t = inp.num_tokens
     layer = spec.weights.layers[pos]
     row = {"layer": LAYER_NAMES.get(pos, str(pos)), "batch": t, "context": ctx}
-    row["spec_us"] = M.graph_us(M.layer_graph(spec, pos, inp))
-    row["stock_us"] = M.graph_us(M.layer_graph(stock, pos, inp))
+    row["spec_us"] = graph_us(M.layer_graph(spec, pos, inp))
+    row["stock_us"] = graph_us(M.layer_graph(stock, pos, inp))
     ids = M.routed_ids(spec.ws, layer, t)
     b = M.layer_bytes(layer, cfg, t, 1, ctx, ids)
     row["bytes"] = b
@@ -62,8 +62,8 @@ def _layer_row(spec: Executor, stock: Executor, inp, pos: int, ctx: int, ceiling
     row["speedup"] = row["stock_us"] / row["spec_us"]
     if layer.ffn_kind == "moe":
         spec.ops.skip_experts = stock.ops.skip_experts = True
-        row["spec_noexp_us"] = M.graph_us(M.layer_graph(spec, pos, inp))
-        row["stock_noexp_us"] = M.graph_us(M.layer_graph(stock, pos, inp))
+        row["spec_noexp_us"] = graph_us(M.layer_graph(spec, pos, inp))
+        row["stock_noexp_us"] = graph_us(M.layer_graph(stock, pos, inp))
         spec.ops.skip_experts = stock.ops.skip_experts = False
         row["roofline_noexp_us"] = (b["total"] - b["experts"]) / (ceiling * 1e12) * 1e6
     if counts:
@@ -78,7 +78,7 @@ def _layer_row(spec: Executor, stock: Executor, inp, pos: int, ctx: int, ceiling
 
 def _step_row(spec: Executor, stock: Executor, inp, ctx: int) -> dict:
     gs, gb = spec.capture(inp), stock.capture(inp)
-    s_us, b_us = M.graph_us(gs.graph), M.graph_us(gb.graph)
+    s_us, b_us = graph_us(gs.graph), graph_us(gb.graph)
     t = inp.num_tokens
     return {"batch": t, "context": ctx, "spec_step_us": s_us, "stock_step_us": b_us,
             "spec_tok_s": t / s_us * 1e6, "stock_tok_s": t / b_us * 1e6, "speedup": b_us / s_us}

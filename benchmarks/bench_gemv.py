@@ -18,7 +18,7 @@ import torch
 
 from backend.k3_decode.ops.attn_res import attn_res_norm
 from backend.k3_decode.ops.gemv import gemv
-from backend.k3_decode.ops.gemv.timing import frac, row, sets_for, time_rotated
+from backend.k3_decode.ops.common.timing import frac, row, sets_for, time_rotated
 
 SHAPES = [  # (name, N, K)
     ("kda in_proj tp8", 6288, 7168), ("kda in_proj tp16", 3216, 7168),

@@ -17,13 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
+from functools import partial
 
 import torch
 
-from backend.k3_decode.ops.gemv.timing import copy_ceiling_tbs
+from backend.k3_decode.ops.common.timing import copy_ceiling_tbs, time_rotated
 from backend.k3_decode.testing import kda_inputs
+
+# 3 eager calls before capture, one warm-up replay, the median of 15 replays
+timed = partial(time_rotated, replays=15, warm_ms=0.0, warm_calls=3)
 
 D, F, W = 128, 128, 4
 
@@ -36,32 +39,6 @@ def min_bytes(heads: int, r: int, q: int) -> int:
     acts = t * (3 * hd + F + heads + hd) * 2 + t * hd * 2
     weights = hd * F * 2 + 3 * W * hd * 4 + hd * 4 + heads * 4 + D * 4
     return state + conv + acts + weights
-
-
-def graph_time_us(calls: list, replays: int = 15) -> float:
-    """Median time per call of `calls` captured back to back in one CUDA graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for c in calls[:3]:
-            c()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / len(calls))
-    return statistics.median(times)
 
 
 def _ours(inp: dict, acc: torch.Tensor | None, variant: str):
@@ -109,12 +86,12 @@ def bench_shape(heads: int, r: int, q: int, ceiling: float, l2: int, baseline: b
     inps = [kda_inputs(heads, r, q, seed=s, extra_slots=0) for s in range(sets)]
     acc = torch.full((r,), q, dtype=torch.int32, device="cuda") if q > 1 else None
     row = {"heads": heads, "batch": r, "q": q, "bytes": nbytes, "sets": sets}
-    row["us"] = graph_time_us([_ours(i, acc, "cluster") for i in inps])
+    row["us"] = timed([_ours(i, acc, "cluster") for i in inps])
     row["frac"] = nbytes / (row["us"] * 1e-6) / 1e12 / ceiling
-    row["cta_us"] = graph_time_us([_ours(i, acc, "cta") for i in inps])
+    row["cta_us"] = timed([_ours(i, acc, "cta") for i in inps])
     if baseline:
         try:
-            row["base_us"] = graph_time_us([_baseline(i, heads) for i in inps])
+            row["base_us"] = timed([_baseline(i, heads) for i in inps])
             row["speedup"] = row["base_us"] / row["us"]
         except Exception as exc:  # noqa: BLE001 - report and keep going: the table must print
             row["base_error"] = f"{type(exc).__name__}: {exc}"[:200]

@@ -17,14 +17,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
+from functools import partial
 
 import torch
 
 from backend.k3_decode.ops.mla import mla_decode
 from backend.k3_decode.ops.mla.compile import Tiling
+from backend.k3_decode.ops.common.timing import time_rotated
+
+timed = partial(time_rotated, replays=20, warm_ms=200.0)  # ~200 ms of replays: clocks up first
 
 CEILING = 4.18e12  # bytes/s, device-to-device copy measured on the H200 (read + write)
 SCALE = 192**-0.5
@@ -94,33 +97,6 @@ def baseline(s: dict, q: int, ctx: int) -> None:
     s["out_base"] = v * torch.sigmoid(s["gate"])
 
 
-def time_graph(fn, sets: list[dict], reps: int = 20) -> float:
-    """Median microseconds per call: a graph runs ``fn`` once per set; replay ``reps`` times."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for s in sets:
-            fn(s)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for s in sets:
-            fn(s)
-    t_end = time.time() + 0.2  # ~200 ms of back-to-back replays: clocks up before timing
-    while time.time() < t_end:
-        graph.replay()
-        torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / len(sets))
-    del graph
-    return statistics.median(times)
-
-
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """Relative Frobenius difference."""
     a, b = a.double(), b.double()
@@ -149,13 +125,15 @@ def run_shape(heads: int, n_req: int, q: int, ctx: int, cache: str, tilings: lis
                 seen.add(ns)
             ours(sets[0], q, ctx, til, ns)
             err = rel_err(sets[0]["out"], sets[0]["out_base"])
-            us = time_graph(lambda s, til=til, ns=ns: ours(s, q, ctx, til, ns), sets)
+            calls = [partial(ours, s, q, ctx, til, ns) for s in sets]
+            us = timed(calls)
             name = f"k3_mla {til.tokens_per_cta}x{til.fp8_tile}"
             if ns is not None:
                 name += f" s{ns}"
             rows.append({"kernel": name, "us": us, "rel_err_vs_base": err, "n_splits": ns})
     if with_baseline:
-        us = time_graph(lambda s: baseline(s, q, ctx), sets[:max(1, min(n_sets, 4))])
+        base_sets = sets[:max(1, min(n_sets, 4))]
+        us = timed([partial(baseline, s, q, ctx) for s in base_sets])
         rows.append({"kernel": "torch_unfused", "us": us, "rel_err_vs_base": 0.0})
     for r in rows:
         r.update(heads=heads, requests=n_req, q=q, ctx=ctx, cache=cache, bytes=nbytes,

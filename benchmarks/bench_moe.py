@@ -21,7 +21,7 @@ import json
 import torch
 
 from backend.k3_decode.executor.measure import profiled_kernels
-from backend.k3_decode.ops.gemv.timing import frac, row, sets_for, time_rotated
+from backend.k3_decode.ops.common.timing import frac, row, sets_for, time_rotated
 from backend.k3_decode.ops.moe import moe_experts
 from backend.k3_decode.reference.mxfp4 import e2m1_table
 

@@ -12,7 +12,7 @@ import json
 
 import torch
 
-from backend.k3_decode.ops.gemv.timing import frac, row, sets_for, time_rotated
+from backend.k3_decode.ops.common.timing import frac, row, sets_for, time_rotated
 from backend.k3_decode.ops.router import route
 
 K = 7168

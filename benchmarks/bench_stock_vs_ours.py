@@ -66,7 +66,7 @@ def rel_err(got, ref) -> float:
 
 
 def timed(calls: list) -> float:
-    from backend.k3_decode.ops.gemv.timing import time_rotated
+    from backend.k3_decode.ops.common.timing import time_rotated
 
     return time_rotated(calls, replays=REPLAYS)
 
@@ -116,7 +116,7 @@ def _kda_ours(s: dict) -> None:
 def kda_case(batch: int, _unused: int) -> dict:
     import bench_kda  # benchmarks/ is on sys.path: this script lives there
 
-    from backend.k3_decode.ops.gemv.timing import sets_for
+    from backend.k3_decode.ops.common.timing import sets_for
     from backend.k3_decode.reference.kda import KdaParams
     from backend.k3_decode.reference.kda import kda_decode as ref_kda
 
@@ -150,7 +150,7 @@ def router_case(batch: int, experts: int) -> dict:
     import torch
 
     from backend.k3_decode.config import k3_config
-    from backend.k3_decode.ops.gemv.timing import sets_for
+    from backend.k3_decode.ops.common.timing import sets_for
     from backend.k3_decode.ops.router import route
     from backend.k3_decode.reference.moe import route as ref_route
     from backend.stock import ops as stock
@@ -310,7 +310,7 @@ def proj_case(batch: int, nk: tuple[int, int]) -> dict:
     import torch
 
     from backend.k3_decode.ops.gemv import gemv
-    from backend.k3_decode.ops.gemv.timing import sets_for
+    from backend.k3_decode.ops.common.timing import sets_for
     from backend.stock import ops as stock
 
     (n, k), (name, pick1, pick8) = nk, PROJ[tuple(nk)]
@@ -457,7 +457,7 @@ def main() -> int:
         print(f"{fam}: exit {rc}, {len(new)} of {len(CASES[fam])} cases", flush=True)
     ceiling = None
     try:
-        from backend.k3_decode.ops.gemv.timing import copy_ceiling_tbs
+        from backend.k3_decode.ops.common.timing import copy_ceiling_tbs
 
         ceiling = copy_ceiling_tbs()
     except Exception as exc:  # noqa: BLE001 - the table still prints

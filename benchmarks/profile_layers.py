@@ -28,7 +28,7 @@ import tarfile
 from pathlib import Path
 
 from backend.k3_decode.config import k3_config
-from backend.k3_decode.ops.gemv.timing import CEILING_TBS
+from backend.k3_decode.ops.common.timing import CEILING_TBS
 
 POINT = re.compile(r"perf/evidence/(?P<pt>[^/]+)/profile-(?P<side>\w+)\.json$")
 

@@ -169,7 +169,7 @@ def test_comparison_plumbing_on_the_cpu(monkeypatch, capsys) -> None:
     monkeypatch.setattr(mod, "Executor", FakeExecutor)
     monkeypatch.setattr(mod.M, "layer_kernel_times", lambda ex, pos, inp: [(f"k{pos}", 1.5)])
     monkeypatch.setattr(mod.M, "layer_graph", lambda ex, pos, inp: (pos, id(ex)))
-    monkeypatch.setattr(mod.M, "graph_us", fake_graph_us)
+    monkeypatch.setattr(mod.timing, "graph_us", fake_graph_us)
     spanned = []
 
     def fake_spans(g, reqs, ctx, layers):  # the profiler needs CUDA: a stand-in

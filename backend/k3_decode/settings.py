@@ -175,7 +175,7 @@ class DecodeSettings:
         """How the MLA layer's q_b projection runs: "qb_absorb" (``mla_qb_absorb``), "qb"
         (``mla_qb``) or "prep" (``mla_prep`` + the q_b GEMV)."""
         from backend.k3_decode.ops.gemv.op import pick_variant
-        from backend.k3_decode.ops.prep.op import qb_fits, qba_fits
+        from backend.k3_decode.ops.mla.prep_op import qb_fits, qba_fits
 
         if not (self.mla_qb and not self.torch_prep and qb_fits(tokens, q_lora)
                 and pick_variant("auto", tokens, qb_rows, q_lora) == "simt"):

@@ -479,18 +479,9 @@ or config gives errors of order 1."""
 def _graph(calls: Sequence[Callable[..., Any]]) -> tuple[float, torch.cuda.CUDAGraph]:
     """Median us per call of the calls captured back to back in one CUDA graph (warmed up
     first), and the graph."""
-    from backend.k3_decode.executor.measure import graph_us
+    from backend.k3_decode.ops.common.timing import capture, graph_us
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for call in calls:
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
+    graph = capture(calls)
     return graph_us(graph) / len(calls), graph
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -350,19 +351,11 @@ def expert_bytes(inter: int, lat: int) -> int:
 def time_graph(prep: MarlinExperts, sets: list[tuple], outs: list[torch.Tensor],
                replays: int = 30) -> float:
     """Median us per call: one call per input set, captured back to back in one CUDA graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for (x, w, ids), o in zip(sets, outs):
-            routed_experts(prep, x, w, ids, beta=BETA, linear_beta=LINEAR_BETA, out=o)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for (x, w, ids), o in zip(sets, outs):
-            routed_experts(prep, x, w, ids, beta=BETA, linear_beta=LINEAR_BETA, out=o)
-    from backend.k3_decode.executor.measure import graph_us
+    from backend.k3_decode.ops.common.timing import time_rotated
 
-    return graph_us(graph, replays) / len(sets)
+    calls = [partial(routed_experts, prep, x, w, ids, beta=BETA, linear_beta=LINEAR_BETA, out=o)
+             for (x, w, ids), o in zip(sets, outs)]
+    return time_rotated(calls, replays, warm_ms=0.0)
 
 
 def check_case(prep: MarlinExperts, weights: tuple, tokens: int, seed: int) -> dict:

@@ -11,11 +11,12 @@ there; the workspace then holds real activations).
 
 Timed, per op kind: one CUDA graph calling the op once for every layer of that kind, in layer
 order (each call reads another layer's weights, from HBM, not L2), captured after one eager pass
-of the same loop, ``measure.graph_us`` (median replay) divided by the layers. ``attn_res``: both
-AttnRes calls of a layer, with ``layer_step``'s arguments; ``kda`` / ``mla``: the sublayer with
-o_proj, into ``ws.attn`` (caches updated in place on every replay); ``moe`` / ``dense``: the
-feed-forward layer; ``logits``: the LM-head shard, once. Inputs are the side's own workspace
-buffers, so every MoE layer routes the same rows (the last hidden rows of the eager step).
+of the same loop, ``ops.common.timing.graph_us`` (median replay) divided by the layers.
+``attn_res``: both AttnRes calls of a layer, with ``layer_step``'s arguments; ``kda`` / ``mla``:
+the sublayer with o_proj, into ``ws.attn`` (caches updated in place on every replay); ``moe`` /
+``dense``: the feed-forward layer; ``logits``: the LM-head shard, once. Inputs are the side's
+own workspace buffers, so every MoE layer routes the same rows (the last hidden rows of the
+eager step).
 Not timed: the embedding, the final AttnRes + norm, the collectives (one GPU: never run), the
 stock side's per-step MLA plan and slot mapping (made in its eager step, as vLLM makes them in
 its metadata builder), overlap between op kinds. The stock side runs vLLM 0.33.0's kernels
@@ -54,6 +55,7 @@ from backend.k3_decode.executor import measure
 from backend.k3_decode.executor.model import Workspace
 from backend.k3_decode.executor.state import DecodeCaches, StepInputs
 from backend.k3_decode.executor.weights import LayerWeights, ModelWeights, weight_bytes
+from backend.k3_decode.ops.common import timing
 
 OPS = ("attn_res", "kda", "mla", "moe", "dense", "logits")
 PARTS = {"attn_res": ("attn_res",), "kda": ("attention", "state"), "mla": ("attention", "cache"),
@@ -143,7 +145,7 @@ def time_calls(calls: Sequence[Call]) -> float:
     with torch.cuda.graph(graph):
         for c in calls:
             c()
-    return measure.graph_us(graph) / len(calls)
+    return timing.graph_us(graph) / len(calls)
 
 
 def _err(exc: BaseException) -> str:
@@ -350,9 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _log("error: no CUDA GPU is visible")
         return 3
     from backend import harness
-    from backend.k3_decode.ops.gemv.timing import copy_ceiling_tbs
 
-    ceiling = copy_ceiling_tbs()
+    ceiling = timing.copy_ceiling_tbs()
     _log(f"copy ceiling {ceiling:.2f} TB/s; building {args.depth} layers, {args.experts} experts")
     try:
         weights = harness._model(8, {"depth": args.depth, "experts": args.experts, "seed": 0})

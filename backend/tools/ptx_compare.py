@@ -132,7 +132,7 @@ def recording(launches: list[Launch]) -> Iterator[dict[str, Callable]]:
     import cuda.bindings.driver as cuda
     import torch
 
-    from backend.k3_decode.ops.gemv import common
+    from backend.k3_decode.ops.common import host
 
     mods = _ops_modules()
     saved: list[tuple[Any, str, Any]] = []
@@ -149,12 +149,12 @@ def recording(launches: list[Launch]) -> Iterator[dict[str, Callable]]:
         return record
 
     def check_device(err: type[Exception], op: str, *tensors: Any) -> Any:
-        common.need(all(t.device == tensors[0].device for t in tensors), err, op,
+        host.need(all(t.device == tensors[0].device for t in tensors), err, op,
                     "all tensors must be on one device")
         return tensors[0].device
 
-    fakes = {common.check_device: check_device,
-             common.stream_of: lambda dev: cuda.CUstream(0)}
+    fakes = {host.check_device: check_device,
+             host.stream_of: lambda dev: cuda.CUstream(0)}
     for mod in mods:
         for name, value in list(vars(mod).items()):
             if callable(value) and re.fullmatch(r"compiled?_\w+", name) and getattr(

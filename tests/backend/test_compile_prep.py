@@ -24,9 +24,16 @@ GLU_SHAPES = [(3584, 768, True), (3584, 384, True), (0, 4224, False), (1536, 0, 
               (16384, 8192, True), (256, 128, False)]
 SCRIPT = f"""
 import sys
-from backend.k3_decode.ops.prep.op import (KvInsertKey, MlaPrepKey, MlaQbKey, RmsGluKey,
-                                          compile_kv_insert, compile_mla_prep, compile_mla_qb,
-                                          compile_mla_qba, compile_rms_glu)
+from backend.k3_decode.ops.mla.prep_op import (
+    KvInsertKey,
+    MlaPrepKey,
+    MlaQbKey,
+    compile_kv_insert,
+    compile_mla_prep,
+    compile_mla_qb,
+    compile_mla_qba,
+)
+from backend.k3_decode.ops.norm_glu.op import RmsGluKey, compile_rms_glu
 arch = sys.argv[1]
 for la, inter, w in {GLU_SHAPES}:
     compile_rms_glu(RmsGluKey(la, inter, w, 1e-6, 4.0, 25.0, arch))

@@ -24,12 +24,12 @@ def test_nibble_order_and_code_values():
 
 
 def test_e2m1_pair_decodes_every_code_pair_to_f16_times_2_pow_minus_14():
-    """The kernels' nibble-pair decode (`gemv/device.py: e2m1_pair`, run here on host ints):
+    """The kernels' nibble-pair decode (`common/device.py: e2m1_pair`, run here on host ints):
     for every pair position and every pair of codes, with random other nibbles, the f16x2
     halves are the two E2M1 values times 2^-14 (the 2^14 rides in the block scale)."""
     import numpy as np
 
-    from backend.k3_decode.ops.gemv.device import e2m1_pair
+    from backend.k3_decode.ops.common.device import e2m1_pair
 
     table = unpack_e2m1(torch.tensor([[0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE]],
                                      dtype=U8))[0].tolist()

@@ -103,7 +103,7 @@ def check_glu(case: str, c: dict, la: int, inter: int) -> None:
     (5, 256, 128, False, True), (8, 1536, 0, False, True)])
 def test_rms_glu_prep_matches_reference(t: int, la: int, inter: int, weight: bool,
                                         strided: bool) -> None:
-    from backend.k3_decode.ops.prep import rms_glu_prep
+    from backend.k3_decode.ops.norm_glu import rms_glu_prep
 
     c = glu_case(t, la, inter, weight, strided, seed=t * 1000 + la + inter)
     poison_(c["buf"])
@@ -115,7 +115,7 @@ def test_rms_glu_prep_matches_reference(t: int, la: int, inter: int, weight: boo
 
 def test_rms_glu_prep_rejects_cuda_input_before_launch() -> None:
     """On the GPU too, a bad input is refused before anything runs: out stays poisoned."""
-    from backend.k3_decode.ops.prep import PrepInputError, rms_glu_prep
+    from backend.k3_decode.ops.norm_glu import PrepInputError, rms_glu_prep
 
     c = glu_case(4, 3584, 768, True, False, seed=5)
     poison_(c["buf"])
@@ -199,7 +199,7 @@ def check_kv(case: str, c: dict, before: torch.Tensor, q: int) -> None:
     (16, 4, 64, F8, 0.5, ())])
 def test_mla_kv_insert_matches_reference(r: int, q: int, bs: int, dtype: torch.dtype,
                                          kv_scale: float, pad: tuple[int, ...]) -> None:
-    from backend.k3_decode.ops.prep import mla_kv_insert
+    from backend.k3_decode.ops.mla.prep_op import mla_kv_insert
 
     c = kv_case(r, q, bs, dtype, kv_scale, seed=r * 100 + q * 10 + bs, pad_tokens=pad)
     before = c["kv_cache"].cpu().clone()
@@ -211,7 +211,7 @@ def test_mla_kv_insert_matches_reference(r: int, q: int, bs: int, dtype: torch.d
 
 def test_mla_kv_insert_skips_positions_outside_the_table() -> None:
     """A position past the block table, or a table entry outside the cache, writes nothing."""
-    from backend.k3_decode.ops.prep import mla_kv_insert
+    from backend.k3_decode.ops.mla.prep_op import mla_kv_insert
 
     c = kv_case(4, 1, 16, F8, 0.1, seed=9)
     c["positions"][1] = 5 * 16 + 3  # block index 5 of a 5-block table
@@ -231,7 +231,8 @@ def test_mla_kv_insert_skips_positions_outside_the_table() -> None:
 
 def test_prep_ops_in_a_cuda_graph_replay_on_fresh_inputs() -> None:
     """Both ops captured once; each replay after copying new inputs matches the reference."""
-    from backend.k3_decode.ops.prep import mla_kv_insert, rms_glu_prep
+    from backend.k3_decode.ops.mla.prep_op import mla_kv_insert
+    from backend.k3_decode.ops.norm_glu import rms_glu_prep
 
     glu = glu_case(8, 3584, 768, True, True, seed=1)
     kv = kv_case(4, 2, 64, F8, 0.05, seed=1)
@@ -272,7 +273,8 @@ def test_mla_prep_equals_the_two_ops(r: int, q: int, bs: int, dtype: torch.dtype
     `mla_kv_insert` write (same inputs, poisoned outputs; the poisoned columns beside `q_out`
     and every cache byte outside the written slots stay as they were), eagerly and as a
     replayed graph on fresh inputs; the cache rows are also checked against float64."""
-    from backend.k3_decode.ops.prep import mla_kv_insert, mla_prep, rms_glu_prep
+    from backend.k3_decode.ops.mla.prep_op import mla_kv_insert, mla_prep
+    from backend.k3_decode.ops.norm_glu import rms_glu_prep
 
     t = r * q
 
@@ -333,7 +335,7 @@ def test_mla_qb_matches_float64_and_inserts_like_mla_kv_insert(
     exactly `mla_kv_insert`'s bytes (padding tokens and slots outside untouched); outputs
     poisoned, strided q_c and out (out's neighbour columns stay NaN), eagerly and as a graph
     replayed on fresh inputs."""
-    from backend.k3_decode.ops.prep import mla_kv_insert, mla_qb
+    from backend.k3_decode.ops.mla.prep_op import mla_kv_insert, mla_qb
 
     t, k = r * q, 1536
 
@@ -401,7 +403,7 @@ def test_mla_qb_absorb_is_mla_qb_then_absorb_bit_for_bit(
     against float64 `[q_nope @ W_UK_T, q_pe] * scale` from the bf16 q_b output."""
     from backend.k3_decode.ops.mla import mla_decode
     from backend.k3_decode.ops.mla.checks import SUPPORTED_HEADS
-    from backend.k3_decode.ops.prep import mla_qb, mla_qb_absorb
+    from backend.k3_decode.ops.mla.prep_op import mla_qb, mla_qb_absorb
 
     t, k, n, sm = r * q, 1536, 192 * heads, 192**-0.5
 
@@ -493,7 +495,7 @@ def test_mla_chain_as_dependent_launches_is_bit_equal(r: int, q: int, bs: int,
     from backend.k3_decode.ops.gemv import gemv
     from backend.k3_decode.ops.mla import mla_decode
     from backend.k3_decode.ops.mla.compile import Tiling
-    from backend.k3_decode.ops.prep import mla_qb_absorb
+    from backend.k3_decode.ops.mla.prep_op import mla_qb_absorb
 
     t, k, heads, sm = r * q, 1536, 12, 192**-0.5
     kv = kv_case(r, q, bs, dtype, kv_scale, seed=40 + bs)

@@ -6,18 +6,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.k3_decode.ops.prep.op import (
-    PrepInputError,
+from backend.k3_decode.ops.mla.prep_op import (
     check_kv_insert,
-    check_rms_glu,
     compile_kv_insert,
     compile_mla_prep,
     compile_mla_qb,
-    compile_rms_glu,
     mla_kv_insert,
     mla_prep,
     mla_qb,
     qb_fits,
+)
+from backend.k3_decode.ops.norm_glu.op import (
+    PrepInputError,
+    check_rms_glu,
+    compile_rms_glu,
     rms_glu_prep,
 )
 
@@ -196,7 +198,8 @@ def test_kv_insert_accepts_a_strided_cache_and_a_longer_block_table():
 
 def test_min_bytes_count_each_tensor_once():
     """Hand-counted: MoE tail prep at TP8, one token (a 3584 + gu 1536 in, out 4352, bf16)."""
-    from backend.k3_decode.ops.prep import kv_insert_min_bytes, rms_glu_min_bytes
+    from backend.k3_decode.ops.mla.prep_op import kv_insert_min_bytes
+    from backend.k3_decode.ops.norm_glu import rms_glu_min_bytes
 
     assert rms_glu_min_bytes(1, 3584, 768, False) == 2 * (3584 + 1536 + 4352)
     assert rms_glu_min_bytes(2, 1536, 0, True) == 2 * (2 * 1536 * 2 + 1536)
@@ -315,7 +318,7 @@ def test_mla_qb_absorb_checks_every_input_before_compiling(change: dict, match: 
     """`mla_qb_absorb` checks what `mla_qb` checks (the same function) plus a whole number of
     192-row heads, `w_uk_t`'s and `q_lat`'s shapes, and a `q_lat` sharing bytes with anything;
     nothing compiles first."""
-    from backend.k3_decode.ops.prep import compile_mla_qba, mla_qb_absorb
+    from backend.k3_decode.ops.mla.prep_op import compile_mla_qba, mla_qb_absorb
 
     kw = _mla_qba_kwargs()
     kw.update(change)
@@ -333,7 +336,7 @@ def test_mla_qb_absorb_checks_every_input_before_compiling(change: dict, match: 
 
 
 def test_qba_fits_takes_whole_heads_of_192_rows() -> None:
-    from backend.k3_decode.ops.prep import qba_fits
+    from backend.k3_decode.ops.mla.prep_op import qba_fits
 
     assert qba_fits(1, 1536, 2304) and qba_fits(2, 1536, 1152) and qba_fits(1, 1536, 192)
     assert not qba_fits(1, 1536, 2300) and not qba_fits(3, 1536, 2304)

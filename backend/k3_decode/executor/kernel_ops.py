@@ -48,7 +48,7 @@ spread the rows more evenly over the SMs, e.g. the q_a|kv_a|gate GEMV's 912 CTAs
 def torch_rms_glu_prep(a: torch.Tensor | None, a_weight: torch.Tensor | None,
                        gu: torch.Tensor | None, out: torch.Tensor, *, eps: float = 1e-6,
                        beta: float = 4.0, linear_beta: float = 25.0) -> torch.Tensor:
-    """Torch stand-in of ``ops.prep.rms_glu_prep`` (same math; several kernels), selected by
+    """Torch stand-in of ``ops.norm_glu.rms_glu_prep`` (same math; several kernels), selected by
     ``DecodeSettings.torch_prep``."""
     parts = []
     if a is not None:
@@ -62,7 +62,7 @@ def torch_mla_kv_insert(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_norm_w: torch
                         kv_cache: torch.Tensor, block_table: torch.Tensor,
                         positions: torch.Tensor, kv_scale: torch.Tensor, *,
                         q_per_request: int = 1, eps: float = 1e-6) -> None:
-    """Torch stand-in of ``ops.prep.mla_kv_insert`` (``DecodeSettings.torch_prep``)."""
+    """Torch stand-in of ``ops.mla.prep_op.mla_kv_insert`` (``DecodeSettings.torch_prep``)."""
     row = torch.cat([rms(kv_c, kv_norm_w, eps, torch.float32), k_pe.float()], dim=-1)
     write_latent_rows(row, kv_cache, block_table, positions, kv_scale, q_per_request)
 
@@ -72,7 +72,7 @@ def torch_mla_prep(q_c: torch.Tensor, q_norm_w: torch.Tensor, q_out: torch.Tenso
                    kv_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
                    kv_scale: torch.Tensor, *, q_per_request: int = 1, eps: float = 1e-6,
                    q_eps: float = 1e-6) -> torch.Tensor:
-    """Torch stand-in of ``ops.prep.mla_prep`` (``DecodeSettings.torch_prep``): the q_a norm,
+    """Torch stand-in of ``ops.mla.prep_op.mla_prep`` (``DecodeSettings.torch_prep``): the q_a norm,
     then the cache insert."""
     torch_rms_glu_prep(q_c, q_norm_w, None, q_out, eps=q_eps)
     torch_mla_kv_insert(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions, kv_scale,
@@ -92,7 +92,8 @@ class KernelOps:
         from backend.k3_decode.ops.kda import kda_decode
         from backend.k3_decode.ops.mla import mla_decode
         from backend.k3_decode.ops.moe import moe_experts
-        from backend.k3_decode.ops.prep import mla_prep, mla_qb, mla_qb_absorb, rms_glu_prep
+        from backend.k3_decode.ops.mla.prep_op import mla_prep, mla_qb, mla_qb_absorb
+        from backend.k3_decode.ops.norm_glu import rms_glu_prep
         from backend.k3_decode.ops.router import route
 
         self.cfg = cfg

@@ -42,21 +42,6 @@ def layer_graph(ex: Executor, pos: int, inp: StepInputs) -> torch.cuda.CUDAGraph
     return g
 
 
-def graph_us(g: torch.cuda.CUDAGraph, reps: int = 30) -> float:
-    """Median microseconds of one replay (events around each replay)."""
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1000.0)
-    return statistics.median(ts)
-
-
 def profiled_kernels(fn: Any) -> list[tuple[str, float]]:
     """``(name, device us)`` of each GPU kernel ``fn()`` launches, in order (torch profiler, eager;
     ``fn`` runs once unprofiled first, so compiles and first-touch allocations stay out)."""

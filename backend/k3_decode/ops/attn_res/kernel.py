@@ -20,7 +20,7 @@ import cutlass
 from cutlass import cute
 from cutlass.memory import SmemAllocator
 
-from backend.k3_decode.ops.gemv.device import BF16, F32, I32, I64, vec
+from backend.k3_decode.ops.common.device import BF16, F32, I32, I64, vec
 
 THREADS = 256
 WARPS = THREADS // 32

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.k3_decode.ops.gemv.common import (
+from backend.k3_decode.ops.common.host import (
     check_device,
     check_tensor,
     fake_ptr,

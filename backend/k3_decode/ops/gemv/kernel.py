@@ -16,7 +16,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 from cutlass import cute
 
-from backend.k3_decode.ops.gemv.device import BF16, F32, I32, I64, vec
+from backend.k3_decode.ops.common.device import BF16, F32, I32, I64, vec
 
 WARPS = 8
 THREADS = WARPS * 32

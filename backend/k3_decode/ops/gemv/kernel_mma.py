@@ -26,7 +26,7 @@ from cutlass import cute
 from cutlass.cute.nvgpu import warp
 from cutlass.memory import SmemAllocator
 
-from backend.k3_decode.ops.gemv.device import BF16, F32, I32, I64, vec
+from backend.k3_decode.ops.common.device import BF16, F32, I32, I64, vec
 from backend.k3_decode.ops.gemv.tiling import mma_tiling
 
 

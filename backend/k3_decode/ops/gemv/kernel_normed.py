@@ -25,7 +25,7 @@ import cutlass
 from cutlass import cute
 from cutlass.memory import SmemAllocator
 
-from backend.k3_decode.ops.gemv.device import F32, I32, I64, flat
+from backend.k3_decode.ops.common.device import F32, I32, I64, flat
 from backend.k3_decode.ops.gemv.kernel import THREADS, VEC, WARPS, row_dot
 
 # CTAs per SM ptxas must leave room for (registers <= 65536 / (8 * 256) = 32): at 36 registers

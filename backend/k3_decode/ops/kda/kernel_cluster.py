@@ -19,7 +19,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.utils import SmemAllocator
 
-from backend.k3_decode.ops.gemv.device import st_cluster_f32
+from backend.k3_decode.ops.common.device import st_cluster_f32
 from backend.k3_decode.ops.kda.kernel import (
     BF16, CONV_WIDTH, F32, F_RANK, HEAD_DIM, I32, I64, L2_EPS, _sigmoid, _vec,
 )

@@ -13,10 +13,11 @@ The math is `backend.k3_decode.reference.kda.kda_decode`.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
+
+from backend.k3_decode.ops.common.host import target_arch
 
 SUPPORTED_HEADS = (6, 12, 96)
 MAX_Q = 8
@@ -115,17 +116,6 @@ def check_inputs(x: torch.Tensor, f_a: torch.Tensor, raw_beta: torch.Tensor,
     if num_accepted is not None:
         _check_tensor("num_accepted", num_accepted, torch.int32, (r,), dev)
     return h, r, q
-
-
-def target_arch() -> str:
-    """The arch to compile for: CUTE_DSL_ARCH, else the current GPU's (sm_90a / sm_100a)."""
-    arch = os.environ.get("CUTE_DSL_ARCH")
-    if arch:
-        return arch
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        return f"sm_{major}{minor}a"
-    return "sm_100a"
 
 
 def _fake_args():

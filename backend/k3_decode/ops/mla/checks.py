@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.k3_decode.ops.gemv.common import extent
+from backend.k3_decode.ops.common.host import extent
 
 D_NOPE, D_ROPE, D_LAT, D_V = 128, 64, 512, 128
 D_QK = D_LAT + D_ROPE

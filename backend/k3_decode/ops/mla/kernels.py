@@ -25,7 +25,7 @@ import math
 import cutlass
 import cutlass.cute as cute
 
-from backend.k3_decode.ops.gemv.device import smem_vec
+from backend.k3_decode.ops.common.device import smem_vec
 
 D_LAT = 512
 D_ROPE = 64

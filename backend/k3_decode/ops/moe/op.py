@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.k3_decode.ops.gemv.common import (
+from backend.k3_decode.ops.common.host import (
     check_device,
     check_tensor,
     fake_ptr,
@@ -131,7 +131,7 @@ def compile_moe(key: MoeKey, extra_options: str = ""):
     import cutlass
     from cutlass import cute
 
-    from backend.k3_decode.ops.moe.kernel import moe_launch
+    from backend.k3_decode.ops.moe.launch import moe_launch
 
     bf, f32, i32, u8 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32, cutlass.Uint8
     i64 = cutlass.Int64

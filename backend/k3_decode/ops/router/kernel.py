@@ -22,7 +22,7 @@ import cutlass
 from cutlass import cute
 from cutlass.memory import SmemAllocator
 
-from backend.k3_decode.ops.gemv.device import F32, I32, I64, flat, sigmoid
+from backend.k3_decode.ops.common.device import F32, I32, I64, flat, sigmoid
 from backend.k3_decode.ops.gemv.kernel import THREADS, WARPS, gemv_row, row_dot
 
 BIG_INDEX = 1 << 30

@@ -1,7 +1,13 @@
-"""Device-side helpers shared by the backend-II kernels (inlined into each kernel).
+"""Device-side helpers shared by the decode backend's CuTe DSL kernels (`@cute.jit` and
+`dsl_user_op` functions, inlined into each kernel): 16-byte vector views, bit casts, SiTU-GLU,
+and the E2M1 (MXFP4) decoding used by the MoE kernels. Everything here is plain SIMT: loads,
+integer ops, `cvt.f32.f16` and warp shuffles, which sm_90a and sm_100a both have.
 
-See `common.py` for the E2M1 decoding trick. Everything here is plain SIMT: loads, integer
-ops, `cvt.f32.f16` and warp shuffles, which sm_90a and sm_100a both have.
+E2M1 decoding without a table: a nibble `s e1 e0 m` placed as f16 bits `s00e1e0m0..` (sign to
+bit 15, exponent/mantissa to bits 11..9) is the f16 number `v * 2^-14` for every code, the
+subnormal `e = 0` cases included (0 and 0.5). Two nibbles four apart in a 32-bit word become one
+f16x2 word with two shifts and two masks; the `2^14` goes into the per-32 E8M0 scale
+(`2^(s-127) * 2^14 = 2^(s-113)`), applied once per 32 products.
 """
 
 from __future__ import annotations
@@ -11,8 +17,6 @@ from cutlass import cute
 from cutlass._mlir.dialects import llvm, nvvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from backend.k3_decode.ops.gemv.common import BITS_F32, F16_HI, F16_LO
-
 F32 = cutlass.Float32
 BF16 = cutlass.BFloat16
 U32 = cutlass.Uint32
@@ -20,6 +24,10 @@ U8 = cutlass.Uint8
 I32 = cutlass.Int32
 I64 = cutlass.Int64
 NEG_INF = float("-inf")
+
+F16_LO = "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; cvt.f32.f16 $0, lo; }"
+F16_HI = "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; cvt.f32.f16 $0, hi; }"
+BITS_F32 = "mov.b32 $0, $1;"
 
 
 def _asm_f32(asm: str, v, loc, ip) -> F32:

@@ -1,8 +1,5 @@
-"""Torch-facing decode prep ops: input checks before anything compiles, cached compile, launch.
+"""Torch-facing MLA prep ops: input checks before anything compiles, cached compile, launch.
 
-`rms_glu_prep(a, a_weight, gu, out)` writes `out [T, La + I]` bf16:
-  `out[:, :La] = bf16(rms_norm(a) * a_weight)`, `out[:, La:] = bf16(SiTU-GLU(gate, up))` with
-  `gate, up = gu[:, :I], gu[:, I:]` (math: `reference.norms.rms_norm`, `reference.moe.situ_glu`).
 `mla_kv_insert(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions, kv_scale)` stores each
   token's latent row `[rms_norm(kv_c) * kv_norm_w | k_pe]` into its paged cache slot, as fp8 E4M3
   of `row / kv_scale` (saturated to +-448, `reference.mla.quantize_latent_fp8`) or as bf16.
@@ -10,8 +7,11 @@
   None, q_out)`) and `mla_kv_insert` in one launch (two CTAs per token).
 `mla_qb(q_c, q_norm_w, w_qb, kv_c, ...)` (1-2 tokens) is the q_b projection of the normalised
   q_a row plus `mla_kv_insert` in one launch (the q_b GEMV's CTAs and one more per token tile).
-They launch one CTA per token on the caller's current stream, take every size from host values
-and read `positions` / `block_table` / `kv_scale` on the device, so a CUDA graph replays them.
+`mla_qb_absorb(...)` (1-2 tokens) is `mla_qb` plus the MLA decode's absorb in the same launch.
+They launch on the caller's current stream, take every size from host values and read
+`positions` / `block_table` / `kv_scale` on the device, so a CUDA graph replays them.
+Unsupported inputs raise `PrepInputError` (`norm_glu/op.py`, shared by every prep op) before
+anything compiles. Kernels: `prep_kernel.py`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.k3_decode.ops.gemv.common import (
+from backend.k3_decode.ops.common.host import (
     check_device,
     check_tensor,
     extent,
@@ -32,33 +32,20 @@ from backend.k3_decode.ops.gemv.common import (
     stream_of,
     target_arch,
 )
+from backend.k3_decode.ops.norm_glu.op import (
+    BF,
+    MAX_TOKENS,
+    PrepInputError,
+    check_rms_glu,
+    check_scalars,
+    token_rows,
+)
 
-BF = torch.bfloat16
 F8 = torch.float8_e4m3fn
-MAX_TOKENS = 64
-LA_MULTIPLE, LA_MAX = 256, 16384
-I_MULTIPLE, I_MAX = 128, 8192
 KV_LAT, KV_PE = 512, 64
 KV_ROW = KV_LAT + KV_PE
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 CACHE_DTYPES = (F8, BF)
-
-
-class PrepInputError(ValueError):
-    """An input the prep kernels do not support; raised before any compile or launch."""
-
-
-@dataclass(frozen=True)
-class RmsGluKey:
-    """What a compiled `rms_glu_prep` variant is specialised on."""
-
-    la: int
-    inter: int
-    has_weight: bool
-    eps: float
-    beta: float
-    linear_beta: float
-    arch: str
 
 
 @dataclass(frozen=True)
@@ -70,105 +57,6 @@ class KvInsertKey:
     arch: str
 
 
-def _rows(err: type[Exception], op: str, name: str, x: torch.Tensor | None) -> int:
-    """The token count of a 2-D tensor (or -1 for None)."""
-    if x is None:
-        return -1
-    need(isinstance(x, torch.Tensor) and x.dim() == 2, err, op, f"{name} must be a 2-D tensor")
-    return x.shape[0]
-
-
-def _check_scalars(op: str, **values: float) -> None:
-    """eps (any name ending in eps) must be finite and >= 0; beta and linear_beta finite and
-    > 0."""
-    for name, v in values.items():
-        is_eps = name.endswith("eps")
-        ok = isinstance(v, (int, float)) and math.isfinite(v) and (v >= 0 if is_eps else v > 0)
-        need(ok, PrepInputError, op, f"{name}={v!r} must be a finite "
-             + ("number >= 0" if is_eps else "number > 0"))
-
-
-def check_rms_glu(a: torch.Tensor | None, a_weight: torch.Tensor | None,
-                  gu: torch.Tensor | None, out: torch.Tensor, eps: float = 1e-6,
-                  beta: float = 4.0, linear_beta: float = 25.0, device: bool = True
-                  ) -> tuple[int, int, int]:
-    """Validate the `rms_glu_prep` inputs; returns `(T, La, I)` or raises `PrepInputError`.
-    `device=False` leaves out the device check (a caller that checks more tensors does it)."""
-    err, op = PrepInputError, "rms_glu_prep"
-    _check_scalars(op, eps=eps, beta=beta, linear_beta=linear_beta)
-    need(isinstance(out, torch.Tensor) and out.dim() == 2, err, op,
-         "out must be a 2-D tensor [T, La + I]")
-    t = out.shape[0]
-    need(1 <= t <= MAX_TOKENS, err, op, f"{t} tokens is outside 1..{MAX_TOKENS}")
-    for name, x in (("a", a), ("gu", gu)):
-        rows = _rows(err, op, name, x)
-        need(rows in (-1, t), err, op, f"{name} has {rows} rows, out has {t}")
-    la = 0 if a is None else a.shape[1]
-    need(a is not None or a_weight is None, err, op, "a_weight is given but a is None")
-    need(a is None or (la > 0 and la % LA_MULTIPLE == 0 and la <= LA_MAX), err, op,
-         f"a width La={la} must be a multiple of {LA_MULTIPLE} in {LA_MULTIPLE}..{LA_MAX}")
-    width = 0 if gu is None else gu.shape[1]
-    need(width % 2 == 0, err, op, f"gu width {width} is odd (expected 2*I: gate then up)")
-    inter = width // 2
-    need(gu is None or (inter > 0 and inter % I_MULTIPLE == 0 and inter <= I_MAX), err, op,
-         f"gu half width I={inter} must be a multiple of {I_MULTIPLE} in {I_MULTIPLE}..{I_MAX}")
-    need(la + inter > 0, err, op, "nothing to do: a and gu are both None")
-    check_tensor(err, op, "out", out, BF, (t, la + inter), row_strided=True)
-    present = [out]
-    if a is not None:
-        check_tensor(err, op, "a", a, BF, (t, la), row_strided=True)
-        present.append(a)
-    if a_weight is not None:
-        check_tensor(err, op, "a_weight", a_weight, BF, (la,))
-        present.append(a_weight)
-    if gu is not None:
-        check_tensor(err, op, "gu", gu, BF, (t, 2 * inter), row_strided=True)
-        present.append(gu)
-    if device:
-        check_device(err, op, *present)
-    return t, la, inter
-
-
-@functools.cache
-def compile_rms_glu(key: RmsGluKey, extra_options: str = ""):
-    """Compile (once per key) the `rms_glu_prep` launcher; no GPU is needed."""
-    import cuda.bindings.driver as cuda
-    import cutlass
-    from cutlass import cute
-
-    from backend.k3_decode.ops.prep.kernel import rms_glu_prep_launch
-
-    args = [fake_ptr(cutlass.BFloat16) for _ in range(4)] + [cutlass.Int32(1)]
-    args += [cutlass.Int64(1)] * 3
-    return cute.compile(rms_glu_prep_launch, *args, cuda.CUstream(0), key.la, key.inter,
-                        key.has_weight, key.eps, key.beta, key.linear_beta,
-                        options=f"--gpu-arch {key.arch} {extra_options}".strip())
-
-
-def rms_glu_prep(a: torch.Tensor | None, a_weight: torch.Tensor | None, gu: torch.Tensor | None,
-                 out: torch.Tensor, *, eps: float = 1e-6, beta: float = 4.0,
-                 linear_beta: float = 25.0) -> torch.Tensor:
-    """RMSNorm(a) * a_weight into `out[:, :La]`, SiTU-GLU(gu) into `out[:, La:]`; returns `out`.
-
-    `a [T, La]` bf16 or None (La = 0; La a multiple of 256 up to 16384), `a_weight [La]` bf16 or
-    None (no weight), `gu [T, 2I]` bf16 or None (I = 0; I a multiple of 128 up to 8192),
-    `out [T, La + I]` bf16; rows of a, gu and out may be strided (16-byte multiples); T in 1..64.
-    fp32 math, one bf16 rounding per output. Raises `PrepInputError` before any compile.
-    """
-    t, la, inter = check_rms_glu(a, a_weight, gu, out, eps, beta, linear_beta)
-    key = RmsGluKey(la, inter, a_weight is not None, float(eps), float(beta), float(linear_beta),
-                    target_arch())
-    fn = compile_rms_glu(key)
-    import cutlass
-
-    aa = a if a is not None else out
-    ww = a_weight if a_weight is not None else out
-    gg = gu if gu is not None else out
-    fn(ptr(aa), ptr(ww), ptr(gg), ptr(out), cutlass.Int32(t), cutlass.Int64(aa.stride(0)),
-       cutlass.Int64(gg.stride(0)), cutlass.Int64(out.stride(0)), stream_of(out.device))
-    return out
-
-
 def check_kv_insert(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_norm_w: torch.Tensor,
                     kv_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
                     kv_scale: torch.Tensor, q_per_request: int,
@@ -176,8 +64,8 @@ def check_kv_insert(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_norm_w: torch.Ten
     """Validate the `mla_kv_insert` inputs; returns `(T, block_size)` or raises `PrepInputError`
     (`device=False`: without the device check, as `check_rms_glu`)."""
     err, op = PrepInputError, "mla_kv_insert"
-    _check_scalars(op, eps=eps)
-    t = _rows(err, op, "kv_c", kv_c)
+    check_scalars(op, eps=eps)
+    t = token_rows(err, op, "kv_c", kv_c)
     need(1 <= t <= MAX_TOKENS, err, op, f"{t} tokens is outside 1..{MAX_TOKENS}")
     need(isinstance(q_per_request, int) and not isinstance(q_per_request, bool)
          and q_per_request >= 1, err, op,
@@ -221,7 +109,7 @@ def compile_kv_insert(key: KvInsertKey, extra_options: str = ""):
     import cuda.bindings.driver as cuda
     from cutlass import cute
 
-    from backend.k3_decode.ops.prep.kernel import mla_kv_insert_launch
+    from backend.k3_decode.ops.mla.prep_kernel import mla_kv_insert_launch
 
     return cute.compile(mla_kv_insert_launch, *_kv_fake_args(key.fp8), cuda.CUstream(0),
                         key.fp8, key.eps, options=f"--gpu-arch {key.arch} {extra_options}".strip())
@@ -292,7 +180,7 @@ def compile_mla_prep(key: MlaPrepKey, extra_options: str = ""):
     import cutlass
     from cutlass import cute
 
-    from backend.k3_decode.ops.prep.kernel import mla_prep_launch
+    from backend.k3_decode.ops.mla.prep_kernel import mla_prep_launch
 
     bf, i64 = cutlass.BFloat16, cutlass.Int64
     args = [fake_ptr(bf), fake_ptr(bf), fake_ptr(bf), i64(1), i64(1)] + _kv_fake_args(key.fp8)
@@ -369,7 +257,7 @@ def compile_mla_qb(key: MlaQbKey, extra_options: str = ""):
     import cutlass
     from cutlass import cute
 
-    from backend.k3_decode.ops.prep.kernel import mla_qb_launch
+    from backend.k3_decode.ops.mla.prep_kernel import mla_qb_launch
 
     bf, i32, i64 = cutlass.BFloat16, cutlass.Int32, cutlass.Int64
     args = [fake_ptr(bf), fake_ptr(bf), fake_ptr(bf), fake_ptr(bf, 4), i32(1), i32(1), i64(1),
@@ -386,8 +274,8 @@ def _check_qb(op: str, q_c: torch.Tensor, q_norm_w: torch.Tensor, w_qb: torch.Te
     """`mla_qb`'s checks but the device (shared with `mla_qb_absorb`); returns `(T, K, N,
     block_size, out)`."""
     err = PrepInputError
-    _check_scalars(op, q_eps=q_eps)
-    t = _rows(err, op, "q_c", q_c)
+    check_scalars(op, q_eps=q_eps)
+    t = token_rows(err, op, "q_c", q_c)
     need(isinstance(w_qb, torch.Tensor) and w_qb.dim() == 2, err, op, "w_qb must be [N, K]")
     k, n = q_c.shape[1], w_qb.shape[0]
     need(qb_fits(t, k), err, op, f"{t} tokens of width K={k}: {op} takes 1..{QB_MAX_TOKENS} "
@@ -459,7 +347,7 @@ def compile_mla_qba(key: MlaQbKey, extra_options: str = ""):
     import cutlass
     from cutlass import cute
 
-    from backend.k3_decode.ops.prep.kernel import mla_qba_launch
+    from backend.k3_decode.ops.mla.prep_kernel import mla_qba_launch
 
     bf, f32, i32, i64 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32, cutlass.Int64
     args = [fake_ptr(bf), fake_ptr(bf), fake_ptr(bf), fake_ptr(bf, 4), fake_ptr(bf),
@@ -516,11 +404,6 @@ def mla_qb_absorb(q_c: torch.Tensor, q_norm_w: torch.Tensor, w_qb: torch.Tensor,
        *_kv_args(kv_c, k_pe, kv_norm_w, kv_cache, block_table, positions, kv_scale, None, bs,
                  q_per_request), stream_of(q_c.device))
     return out, q_lat
-
-
-def rms_glu_min_bytes(t: int, la: int, inter: int, has_weight: bool) -> int:
-    """Bytes `rms_glu_prep` must move: a and gu read, out written (bf16), the weight once."""
-    return 2 * (t * (la + 2 * inter) + t * (la + inter) + (la if has_weight else 0))
 
 
 def kv_insert_min_bytes(t: int, fp8: bool) -> int:

@@ -1,26 +1,12 @@
-"""Shared pieces of the backend-II kernels (GEMV, router, MXFP4 MoE, AttnRes).
-
-Host side: the compile target, typed pointers, and the input-check helpers every op uses to
-raise its own error class before anything is compiled or launched.
-Device side (`@cute.jit` helpers, inlined into the kernels): 16-byte vector views, bit casts,
-and the E2M1 (MXFP4) decoding used by the MoE kernels.
-
-E2M1 decoding without a table: a nibble `s e1 e0 m` placed as f16 bits `s00e1e0m0..` (sign to
-bit 15, exponent/mantissa to bits 11..9) is the f16 number `v * 2^-14` for every code, the
-subnormal `e = 0` cases included (0 and 0.5). Two nibbles four apart in a 32-bit word become one
-f16x2 word with two shifts and two masks; the `2^14` goes into the per-32 E8M0 scale
-(`2^(s-127) * 2^14 = 2^(s-113)`), applied once per 32 products.
-"""
+"""Host-side helpers every CuTe DSL op of the decode backend shares: the compile target,
+ticket counters, typed pointers, and the input-check helpers each op uses to raise its own
+error class before anything is compiled or launched."""
 
 from __future__ import annotations
 
 import os
 
 import torch
-
-F16_LO = "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; cvt.f32.f16 $0, lo; }"
-F16_HI = "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; cvt.f32.f16 $0, hi; }"
-BITS_F32 = "mov.b32 $0, $1;"
 
 
 def target_arch() -> str:
