@@ -24,7 +24,7 @@ from k3fasttrack.stats.models import NoninferiorityDesign
 from k3fasttrack.stats.proportions import min_detectable_drop
 
 if TYPE_CHECKING:
-    from k3fasttrack.evals.suite import Suite
+    from k3fasttrack.tiers.evals.suite import Suite
     from k3fasttrack.models.profile import Profile
 
 Depth = DepthName
@@ -256,7 +256,7 @@ def _not_checked(profile: Profile) -> tuple[str, ...]:
 
 def build_record(profile: Profile, suites: Sequence[tuple[str, Suite]]) -> DepthRecord:
     """The depth record of a plan from the profile and its loaded suites (``(ref, suite)``)."""
-    from k3fasttrack.evals.suite import design
+    from k3fasttrack.tiers.evals.suite import design
 
     serving = profile.serving is not None
     tokens = (token_power(profile.tokens) if serving and "tokens" in profile.tiers else None)
@@ -270,7 +270,7 @@ def build_record(profile: Profile, suites: Sequence[tuple[str, Suite]]) -> Depth
 def plan_record(profile: Profile) -> tuple[DepthRecord, list[str]]:
     """The plan's depth record and every depth requirement the suite files fail (one line
     each; a suite file that does not load is the evals tier's own input problem)."""
-    from k3fasttrack.evals.suite import SuiteError, load_suite
+    from k3fasttrack.tiers.evals.suite import SuiteError, load_suite
 
     loaded: list[tuple[int, str, Suite]] = []
     if profile.serving is not None and "evals" in profile.tiers:

@@ -16,7 +16,7 @@ from k3fasttrack.bundle.errors import ReportInvalidError, SummaryMismatchError
 from k3fasttrack.bundle.recheck import check_depth
 from k3fasttrack.depth import plan_record, token_power
 from k3fasttrack.errors import ProfileError
-from k3fasttrack.evals.suite import design, load_suite
+from k3fasttrack.tiers.evals.suite import design, load_suite
 from k3fasttrack.models.plan import Plan
 from k3fasttrack.models.reports import RunRecord
 from k3fasttrack.models.tokens import TokensConfig

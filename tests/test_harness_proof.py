@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from k3fasttrack.perf.harness import HarnessPoint, HarnessRepeat
+from k3fasttrack.tiers.perf.harness import HarnessPoint, HarnessRepeat
 from k3fasttrack.tiers.proof.signals import trace_offsets, trace_window
 
 HERE = Path(__file__).parent

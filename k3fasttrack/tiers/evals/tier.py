@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from k3fasttrack.errors import InfrastructureError, UsageError
-from k3fasttrack.evals.compare import (
+from k3fasttrack.tiers.evals.compare import (
     Judged,
     Paired,
     compare_sides,
@@ -22,10 +22,10 @@ from k3fasttrack.evals.compare import (
     samples_path,
     write_samples,
 )
-from k3fasttrack.evals.datasets import DataPaths, DatasetError, SuiteData, load_suite_data
-from k3fasttrack.evals.guard import Endpoint, PromptTooLong
-from k3fasttrack.evals.runner import evaluate, split_output
-from k3fasttrack.evals.suite import (
+from k3fasttrack.tiers.evals.datasets import DataPaths, DatasetError, SuiteData, load_suite_data
+from k3fasttrack.tiers.evals.guard import Endpoint, PromptTooLong
+from k3fasttrack.tiers.evals.runner import evaluate, split_output
+from k3fasttrack.tiers.evals.suite import (
     Suite,
     SuiteError,
     budget_deviations,

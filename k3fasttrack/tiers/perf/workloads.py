@@ -31,7 +31,7 @@ def datasets_root() -> Path:
     env = os.environ.get("K3FT_DATASETS")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3] / "shared" / "datasets"
+    return Path(__file__).resolve().parents[4] / "shared" / "datasets"
 
 
 @lru_cache(maxsize=4)
