@@ -20,7 +20,7 @@ from k3fasttrack.tiers.evals.suite import design, load_suite
 from k3fasttrack.models.plan import Plan
 from k3fasttrack.models.reports import RunRecord
 from k3fasttrack.models.tokens import TokensConfig
-from k3fasttrack.pipeline.verdict import compute_verdict
+from k3fasttrack.tiers.verdict import compute_verdict
 from k3fasttrack.profiles import load_profile, parse_profile
 from k3fasttrack.stats.noninferiority import SuiteEvidence, gates
 from k3fasttrack.summary import render_summary

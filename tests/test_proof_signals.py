@@ -14,7 +14,7 @@ from k3fasttrack.models.features import FeaturesReport
 from k3fasttrack.models.perf import PerfReport
 from k3fasttrack.models.proof import PathEvidence, ProofConfig, ProofReport
 from k3fasttrack.models.trace import StartupDecision, StepDecision
-from k3fasttrack.pipeline.atomic import write_bytes_atomic
+from k3fasttrack.runtime.atomic import write_bytes_atomic
 from k3fasttrack.tiers.proof import signals
 from k3fasttrack.tiers.proof.tier import EVIDENCE_FILE, judge_tier, recompute, verdict
 

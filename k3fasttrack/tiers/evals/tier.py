@@ -42,8 +42,8 @@ from k3fasttrack.models.plan import Cell
 from k3fasttrack.models.profile import Profile
 from k3fasttrack.models.samples import Side
 from k3fasttrack.models.serving import SwitchCheckRecord
-from k3fasttrack.pipeline.atomic import write_bytes_atomic, write_json_atomic
-from k3fasttrack.pipeline.context import NotRunnable, TierContext
+from k3fasttrack.runtime.atomic import write_bytes_atomic, write_json_atomic
+from k3fasttrack.runtime.context import NotRunnable, TierContext
 from k3fasttrack.serving import (
     ServerError,
     ServerPair,

@@ -24,7 +24,7 @@ from k3fasttrack.models.base import Record
 from k3fasttrack.models.perf import PointParams, StepFloor
 from k3fasttrack.models.samples import Side
 from k3fasttrack.tiers.perf.bench import METRIC_INFO
-from k3fasttrack.pipeline.atomic import write_json_atomic
+from k3fasttrack.runtime.atomic import write_json_atomic
 
 __all__ = ["HarnessFn", "HarnessPoint", "HarnessRepeat", "StepFloor", "load_harness",
            "measure_with_harness", "point_identity"]

@@ -21,7 +21,7 @@ from k3fasttrack.tiers.perf.harness import HarnessPoint, load_harness, measure_w
 from k3fasttrack.tiers.perf.plots import write_plots
 from k3fasttrack.tiers.perf.sweep import PointJob, measure_point
 from k3fasttrack.tiers.perf.targets import Target, served_model_root
-from k3fasttrack.pipeline.context import NotRunnable, TierContext
+from k3fasttrack.runtime.context import NotRunnable, TierContext
 from k3fasttrack.tiers.perf import agreement
 
 PRIMARY_METRICS = ("tpot_ms_median", "output_tok_s", "e2el_ms_median")

@@ -21,7 +21,7 @@ from k3fasttrack.tiers.perf import workloads
 from k3fasttrack.tiers.perf.bench import BenchFn, bench_argv, extract_metrics, request_summary
 from k3fasttrack.tiers.perf.grid import SweepGrid
 from k3fasttrack.tiers.perf.targets import ACCEPTED, DRAFTS, Target, counter
-from k3fasttrack.pipeline import progress
+from k3fasttrack.runtime import progress
 
 SIDES: tuple[Side, Side] = ("baseline", "candidate")
 MAX_PROMPT_FILE_BYTES = 1 << 20

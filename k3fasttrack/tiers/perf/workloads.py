@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from k3fasttrack.errors import UsageError
-from k3fasttrack.pipeline.atomic import write_bytes_atomic
+from k3fasttrack.runtime.atomic import write_bytes_atomic
 
 Tokenize = Callable[[str], list[int]]
 Detokenize = Callable[[list[int]], str]
