@@ -74,7 +74,7 @@ import torch
 from backend.k3_decode.settings import DecodeSettings
 from k3fasttrack.errors import InfrastructureError, UsageError
 from k3fasttrack.tiers.perf.harness import HarnessPoint, HarnessRepeat, StepFloor
-from k3fasttrack.tiers.proof.signals import trace_offsets, trace_window
+from k3fasttrack.runtime.trace import trace_offsets, trace_window
 
 _MODELS: dict[tuple, Any] = {}
 BASELINES = ("vllm_stock", "torch_ops")
