@@ -14,7 +14,8 @@ from scipy import stats
 
 from k3fasttrack.bundle.errors import ReportInvalidError, SummaryMismatchError
 from k3fasttrack.bundle.recheck import check_depth
-from k3fasttrack.depth import plan_record, token_power
+from k3fasttrack.depth import token_power
+from k3fasttrack.pipeline.preflight import plan_record
 from k3fasttrack.errors import ProfileError
 from k3fasttrack.tiers.evals.suite import design, load_suite
 from k3fasttrack.models.plan import Plan
