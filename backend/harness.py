@@ -9,16 +9,16 @@ MXFP4 experts; its stand-ins are listed by ``choices()`` and recorded in ``serve
 ``vllm_stock`` and the pack (or the Marlin experts) not loadable, the point fails with an
 ``InfrastructureError`` naming what failed.
 
-Per sweep point (``k3fasttrack.perf.harness`` protocol): ``batch`` requests of ``q = 1 + draft_len``
-tokens each at sequence length ``input_len``; a step is one captured CUDA graph replay of the
-whole model (embedding, layers, final AttnRes + norm, LM head shard). Each repeat replays
-``output_len`` steps on one side (baseline, candidate, interleaved) and reports per-step times as
-TPOT = step time / accepted tokens per request, with the synthetic acceptance length
-``acceptance_len`` (1 for plain decode); tokens/s counts accepted tokens. Both sides start from
-the same weights and caches and replay the same inputs. Each repeat also carries the side's
+Per sweep point (``k3fasttrack.tiers.perf.harness`` protocol): ``batch`` requests of
+``q = 1 + draft_len`` tokens each at sequence length ``input_len``; a step is one captured CUDA
+graph replay of the whole model (embedding, layers, final AttnRes + norm, LM head shard). Each
+repeat replays ``output_len`` steps on one side (baseline, candidate, interleaved) and reports
+per-step times as TPOT = step time / accepted tokens per request, with the synthetic acceptance
+length ``acceptance_len`` (1 for plain decode); tokens/s counts accepted tokens. Both sides start
+from the same weights and caches and replay the same inputs. Each repeat also carries the side's
 executor name (``vllm_stock`` / ``torch_ops`` / ``k3ft_hopper``) and the step's physical floor
-(``StepFloor``: the bytes one rank must read per step, ``measure.step_bytes``, with the experts
-the router picks in one eager baseline step, over the copy ceiling measured in this process).
+(``StepFloor``: the bytes one rank must read per step, ``measure.step_bytes``, with the experts the
+router picks in one eager baseline step, over the copy ceiling measured in this process).
 
 Proof evidence per point, written under the point's evidence directory in the bundle: each side's
 selection trace (JSONL, one record per step) and, on the first repeat, a torch-profiler trace of
@@ -73,8 +73,8 @@ import torch
 
 from backend.k3_decode.settings import DecodeSettings
 from k3fasttrack.errors import InfrastructureError, UsageError
-from k3fasttrack.perf.harness import HarnessPoint, HarnessRepeat, StepFloor
-from k3fasttrack.tiers.proof.signals import trace_offsets, trace_window
+from k3fasttrack.tiers.perf.harness import HarnessPoint, HarnessRepeat, StepFloor
+from k3fasttrack.runtime.trace import trace_offsets, trace_window
 
 _MODELS: dict[tuple, Any] = {}
 BASELINES = ("vllm_stock", "torch_ops")

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from k3fasttrack.evals.suite import SUITES_DIR
-from k3fasttrack.evals.suite import Suite, design, load_suite
+from k3fasttrack.tiers.evals.suite import SUITES_DIR
+from k3fasttrack.tiers.evals.suite import Suite, design, load_suite
 from k3fasttrack.stats.models import NoninferiorityDesign
 from k3fasttrack.stats.noninferiority import gates, suite_evidence
 from k3fasttrack.stats.proportions import min_detectable_drop

@@ -5,8 +5,9 @@ suites). A profile declares one (``depth:``); a profile whose sizes fall below i
 minimums is refused when it is loaded (``profile_problems``, one line naming the field) or, for
 the sizes that live in suite files, when the run is planned (``suite_problems``). The plan
 records the depth with its statistical properties, computed from the planned sizes
-(``plan_record``); ``k3ft verify`` computes them again from ``profile.json`` and the recorded
-suite designs (``recompute``) and refuses a record that differs.
+(``build_record``, given the suite files by ``pipeline.preflight.plan_record``); ``k3ft verify``
+computes them again from ``profile.json`` and the recorded suite designs (``recompute``) and
+refuses a record that differs.
 
 Depth grades serving evidence only: a profile that runs no serving tier (tokens, evals,
 features) declares ``depth: null``; kernel and harness tiers carry their own tolerances.
@@ -24,7 +25,7 @@ from k3fasttrack.stats.models import NoninferiorityDesign
 from k3fasttrack.stats.proportions import min_detectable_drop
 
 if TYPE_CHECKING:
-    from k3fasttrack.evals.suite import Suite
+    from k3fasttrack.tiers.evals.suite import Suite
     from k3fasttrack.models.profile import Profile
 
 Depth = DepthName
@@ -254,45 +255,25 @@ def _not_checked(profile: Profile) -> tuple[str, ...]:
     return (*plumbing, *spec.unchecked)
 
 
-def build_record(profile: Profile, suites: Sequence[tuple[str, Suite]]) -> DepthRecord:
-    """The depth record of a plan from the profile and its loaded suites (``(ref, suite)``)."""
-    from k3fasttrack.evals.suite import design
-
+def build_record(profile: Profile,
+                 suites: Sequence[tuple[str, str, NoninferiorityDesign, int]]) -> DepthRecord:
+    """The depth record of a plan from the profile and its suites, each as (name, ref, design,
+    full size); the plan's suites come from the suite files (``pipeline.preflight.plan_record``),
+    ``recompute``'s from the record."""
     serving = profile.serving is not None
     tokens = (token_power(profile.tokens) if serving and "tokens" in profile.tiers else None)
     m = len(suites)
-    powers = tuple(suite_power(s.name, ref, design(s), s.full_size, m) for ref, s in suites)
+    powers = tuple(suite_power(name, ref, design, full_size, m)
+                   for name, ref, design, full_size in suites)
     return DepthRecord(depth=profile.depth, reason=_reason(profile), tokens=tokens,
                        suites=powers, shortfalls=_shortfalls(profile),
                        not_checked=_not_checked(profile))
 
 
-def plan_record(profile: Profile) -> tuple[DepthRecord, list[str]]:
-    """The plan's depth record and every depth requirement the suite files fail (one line
-    each; a suite file that does not load is the evals tier's own input problem)."""
-    from k3fasttrack.evals.suite import SuiteError, load_suite
-
-    loaded: list[tuple[int, str, Suite]] = []
-    if profile.serving is not None and "evals" in profile.tiers:
-        for i, ref in enumerate(profile.evals.suites):
-            try:
-                loaded.append((i, ref, load_suite(ref)))
-            except SuiteError:
-                continue
-    problems = suite_problems(profile.depth, [(i, s) for i, _, s in loaded])
-    return build_record(profile, [(ref, s) for _, ref, s in loaded]), problems
-
-
 def recompute(recorded: DepthRecord, profile: Profile) -> DepthRecord:
     """The record ``profile`` and the recorded suite designs give (``k3ft verify``)."""
-    tokens = (token_power(profile.tokens)
-              if profile.serving is not None and "tokens" in profile.tiers else None)
-    m = len(recorded.suites)
-    suites = tuple(suite_power(s.suite, s.ref, s.design, s.full_size, m)
-                   for s in recorded.suites)
-    return DepthRecord(depth=profile.depth, reason=_reason(profile), tokens=tokens,
-                       suites=suites, shortfalls=_shortfalls(profile),
-                       not_checked=_not_checked(profile))
+    return build_record(profile, [(s.suite, s.ref, s.design, s.full_size)
+                                  for s in recorded.suites])
 
 
 def _pct(x: float | None) -> str:

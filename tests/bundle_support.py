@@ -14,7 +14,7 @@ from k3fasttrack.bundle import KeyFiles, generate_key, sign_bundle
 from k3fasttrack.models.kernels import KernelCase, KernelsReport
 from k3fasttrack.models.plan import Plan
 from k3fasttrack.models.reports import RunRecord
-from k3fasttrack.pipeline.atomic import write_json_atomic
+from k3fasttrack.runtime.atomic import write_json_atomic
 
 PROFILE = "test-kernels"  # not a shipped profile: a shipped name binds its planned tiers
 GIT_COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -22,7 +22,7 @@ from k3fasttrack.bundle import KeyFiles, sign_bundle
 from k3fasttrack.envinfo import git_state
 from k3fasttrack.models.env import Environment
 from k3fasttrack.models.reports import TIER_REPORT_ADAPTER, RunRecord
-from k3fasttrack.pipeline.verdict import compute_verdict
+from k3fasttrack.tiers.verdict import compute_verdict
 from k3fasttrack.summary import MARKER
 
 TOKEN = "ghp_k3ftSECRETtoken0123456789abcdef"

@@ -8,8 +8,8 @@ from typing import Any
 
 from k3fasttrack.models.plan import Plan
 from k3fasttrack.models.profile import Profile
-from k3fasttrack.pipeline.cells import CellStore
-from k3fasttrack.pipeline.context import TierContext
+from k3fasttrack.runtime.cells import CellStore
+from k3fasttrack.runtime.context import TierContext
 from k3fasttrack.profiles import load_profile
 
 NOOP_SWITCH = ("--max-num-seqs", "15")

@@ -19,7 +19,7 @@ import psutil
 import pytest
 import yaml
 
-from k3fasttrack.evals.suite import SUITES_DIR
+from k3fasttrack.tiers.evals.suite import SUITES_DIR
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent

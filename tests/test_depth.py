@@ -14,13 +14,14 @@ from scipy import stats
 
 from k3fasttrack.bundle.errors import ReportInvalidError, SummaryMismatchError
 from k3fasttrack.bundle.recheck import check_depth
-from k3fasttrack.depth import plan_record, token_power
+from k3fasttrack.depth import token_power
+from k3fasttrack.pipeline.preflight import plan_record
 from k3fasttrack.errors import ProfileError
-from k3fasttrack.evals.suite import design, load_suite
+from k3fasttrack.tiers.evals.suite import design, load_suite
 from k3fasttrack.models.plan import Plan
 from k3fasttrack.models.reports import RunRecord
 from k3fasttrack.models.tokens import TokensConfig
-from k3fasttrack.pipeline.verdict import compute_verdict
+from k3fasttrack.tiers.verdict import compute_verdict
 from k3fasttrack.profiles import load_profile, parse_profile
 from k3fasttrack.stats.noninferiority import SuiteEvidence, gates
 from k3fasttrack.summary import render_summary

@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from k3fasttrack.evals.compare import (
+from k3fasttrack.tiers.evals.compare import (
     compare_sides,
     judge,
     read_samples,
     samples_path,
     write_samples,
 )
-from k3fasttrack.evals.datasets import DataPaths, load_suite_data
-from k3fasttrack.evals.suite import design, load_suite
+from k3fasttrack.tiers.evals.datasets import DataPaths, load_suite_data
+from k3fasttrack.tiers.evals.suite import design, load_suite
 from k3fasttrack.models.evals import EvalsReport
 from k3fasttrack.models.samples import EvalSample
 from k3fasttrack.tiers.evals import SPEC
@@ -142,7 +142,7 @@ def test_recompute_reports_a_missing_log(tmp_path: Path) -> None:
 def test_normalise_keeps_the_suites_filter_and_hashes_the_exact_prompt() -> None:
     from lm_eval.models.api_models import JsonChatStr
 
-    from k3fasttrack.evals.runner import normalise
+    from k3fasttrack.tiers.evals.runner import normalise
 
     suite = load_suite("eval_suites/demo/gsm8k.yaml")  # score: exact_match under flexible-extract
     chat = JsonChatStr('[{"role": "user", "content": "hi"}]')
@@ -159,9 +159,9 @@ def test_normalise_keeps_the_suites_filter_and_hashes_the_exact_prompt() -> None
 
 
 def test_gpqa_task_keeps_the_fixed_answer_order() -> None:
-    from k3fasttrack.evals.datasets import DataPaths, load_suite_data
-    from k3fasttrack.evals.gpqa import keep_docs
-    from k3fasttrack.evals.tasks import build_task, task_config
+    from k3fasttrack.tiers.evals.datasets import DataPaths, load_suite_data
+    from k3fasttrack.tiers.evals.gpqa import keep_docs
+    from k3fasttrack.tiers.evals.tasks import build_task, task_config
 
     suite = load_suite("eval_suites/demo/gpqa_diamond.yaml")
     data = load_suite_data(suite, DataPaths())

@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from k3fasttrack.evals.datasets import DataPaths, load_suite_data
-from k3fasttrack.evals.guard import (
+from k3fasttrack.tiers.evals.datasets import DataPaths, load_suite_data
+from k3fasttrack.tiers.evals.guard import (
     Endpoint,
     PromptTooLong,
     count_chat_tokens,
     find_overflows,
     guarded_client,
 )
-from k3fasttrack.evals.mrcr import generate_row
-from k3fasttrack.evals.runner import evaluate
-from k3fasttrack.evals.suite import load_suite
+from k3fasttrack.tiers.evals.mrcr import generate_row
+from k3fasttrack.tiers.evals.runner import evaluate
+from k3fasttrack.tiers.evals.suite import load_suite
 from k3fasttrack.serving import ensure_demo_model
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from k3fasttrack.errors import EXIT_USAGE, UsageError
-from k3fasttrack.evals.datasets import DataPaths, DatasetError, load_suite_data
-from k3fasttrack.evals.gpqa import GpqaZipError, read_gpqa_rows, to_docs
-from k3fasttrack.evals.suite import SUITES_DIR, SuiteError, budget_deviations, load_suite
+from k3fasttrack.tiers.evals.datasets import DataPaths, DatasetError, load_suite_data
+from k3fasttrack.tiers.evals.gpqa import GpqaZipError, read_gpqa_rows, to_docs
+from k3fasttrack.tiers.evals.suite import SUITES_DIR, SuiteError, budget_deviations, load_suite
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE_ZIP = REPO / "k3fasttrack/data/gpqa/SYNTHETIC_gpqa_dataset.zip"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from k3fasttrack.evals.mrcr import generate, generate_row, grade, ordinal
+from k3fasttrack.tiers.evals.mrcr import generate, generate_row, grade, ordinal
 
 
 def test_same_seed_same_rows_other_seed_other_rows() -> None:
@@ -85,8 +85,8 @@ def test_official_parquet_rows_are_read_and_filtered(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
     from k3fasttrack.errors import UsageError
-    from k3fasttrack.evals.datasets import DataPaths, load_suite_data
-    from k3fasttrack.evals.suite import load_suite
+    from k3fasttrack.tiers.evals.datasets import DataPaths, load_suite_data
+    from k3fasttrack.tiers.evals.suite import load_suite
 
     rows = [generate_row(s, 300 * (s + 1)) for s in range(4)]
     (tmp_path / "2needle").mkdir()

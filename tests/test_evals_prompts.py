@@ -3,8 +3,8 @@ for GPQA, whose authors ask that questions not be posted in plain text: there on
 
 from pathlib import Path
 
-from k3fasttrack.evals.runner import normalise
-from k3fasttrack.evals.suite import load_suite
+from k3fasttrack.tiers.evals.runner import normalise
+from k3fasttrack.tiers.evals.suite import load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from k3fasttrack.evals.compare import samples_path, write_samples
-from k3fasttrack.evals.datasets import DataPaths, DatasetError, load_suite_data
-from k3fasttrack.evals.provenance import OFFICIAL_SHA256, file_record, label
-from k3fasttrack.evals.suite import SUITES_DIR, load_suite
+from k3fasttrack.tiers.evals.compare import samples_path, write_samples
+from k3fasttrack.tiers.evals.datasets import DataPaths, DatasetError, load_suite_data
+from k3fasttrack.tiers.evals.provenance import OFFICIAL_SHA256, file_record, label
+from k3fasttrack.tiers.evals.suite import SUITES_DIR, load_suite
 from k3fasttrack.models.evals import DataFile
 from k3fasttrack.models.samples import EvalSample
 from k3fasttrack.tiers.evals import SPEC
@@ -91,7 +91,7 @@ def test_verify_rederives_the_label_and_checks_the_suite_copy(tmp_path: Path) ->
 
 
 def test_gpqa_samples_keep_the_extracted_answer_and_a_hash_never_the_text() -> None:
-    from k3fasttrack.evals.runner import normalise
+    from k3fasttrack.tiers.evals.runner import normalise
 
     suite = load_suite(GPQA)
     secret = "The question asked about the spin of (C) a muon"

@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from k3fasttrack.cli.evals import run_evals
-from k3fasttrack.evals.compare import read_samples
-from k3fasttrack.evals.suite import SUITES_DIR
+from k3fasttrack.tiers.evals.compare import read_samples
+from k3fasttrack.tiers.evals.suite import SUITES_DIR
 from k3fasttrack.models.profile import Profile
 from k3fasttrack.profiles import load_profile
 from k3fasttrack.serving import ServerPair, start_pair

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from k3fasttrack.evals.suite import design, load_suite
+from k3fasttrack.tiers.evals.suite import design, load_suite
 from k3fasttrack.stats.models import NoninferiorityDesign
 from k3fasttrack.stats.noninferiority import gates, suite_evidence
 from k3fasttrack.stats.proportions import (

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from k3fasttrack.evals.compare import samples_path, write_samples
-from k3fasttrack.evals.datasets import DataPaths, load_suite_data
-from k3fasttrack.evals.suite import SUITES_DIR, SuiteError, load_suite
+from k3fasttrack.tiers.evals.compare import samples_path, write_samples
+from k3fasttrack.tiers.evals.datasets import DataPaths, load_suite_data
+from k3fasttrack.tiers.evals.suite import SUITES_DIR, SuiteError, load_suite
 from k3fasttrack.models.evals import EvalsReport
 from k3fasttrack.models.samples import EvalSample
 from k3fasttrack.summary.tables import evals as evals_table

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from k3fasttrack.perf.harness import HarnessPoint, HarnessRepeat
-from k3fasttrack.tiers.proof.signals import trace_offsets, trace_window
+from k3fasttrack.tiers.perf.harness import HarnessPoint, HarnessRepeat
+from k3fasttrack.runtime.trace import trace_offsets, trace_window
 
 HERE = Path(__file__).parent
 GRID = {"name": "hp", "batch": [1, 4], "input_len": [1024], "output_len": [8], "tp": [1],

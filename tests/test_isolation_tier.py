@@ -14,8 +14,8 @@ from backend.k3_decode.trace import TraceWriter
 from k3fasttrack.models.isolation import IsolationReport
 from k3fasttrack.models.plan import Plan
 from k3fasttrack.models.profile import Bounds, Profile
-from k3fasttrack.pipeline.cells import CellStore
-from k3fasttrack.pipeline.context import NotRunnable, TierContext
+from k3fasttrack.runtime.cells import CellStore
+from k3fasttrack.runtime.context import NotRunnable, TierContext
 from k3fasttrack.tiers.isolation import SPEC
 from k3fasttrack.tiers.registry import load_spec
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from k3fasttrack.data import DATA_DIR, data_candidates
-from k3fasttrack.perf.grid import load_grid, resolve_grid_path
+from k3fasttrack.tiers.perf.grid import load_grid, resolve_grid_path
 from k3fasttrack.profiles import embedded_names, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from k3fasttrack.perf.bench import bench_argv
-from k3fasttrack.perf.targets import counter, parse_prometheus
+from k3fasttrack.tiers.perf.bench import bench_argv
+from k3fasttrack.tiers.perf.targets import counter, parse_prometheus
 
 
 def _args(argv: list[str], flag: str) -> str:

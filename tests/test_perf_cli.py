@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from k3fasttrack.cli.sweep import register, run_sweep
 from k3fasttrack.errors import UsageError
 from k3fasttrack.models.profile import Profile
-from k3fasttrack.perf.harness import HarnessPoint, HarnessRepeat
+from k3fasttrack.tiers.perf.harness import HarnessPoint, HarnessRepeat
 from k3fasttrack.tiers.perf import SPEC
 
 GRID = {

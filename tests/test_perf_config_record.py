@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
-from k3fasttrack.perf.harness import HarnessPoint, HarnessRepeat, load_harness, measure_with_harness
+from k3fasttrack.tiers.perf.harness import HarnessPoint, HarnessRepeat, load_harness, measure_with_harness
 from k3fasttrack.tiers.perf.run import config_digests
 from tests.test_perf_samepath import PARAMS
 

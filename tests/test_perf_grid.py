@@ -8,7 +8,7 @@ import pytest
 
 from k3fasttrack.errors import UsageError
 from k3fasttrack.models.profile import Profile
-from k3fasttrack.perf.grid import SWEEPS_DIR, load_grid
+from k3fasttrack.tiers.perf.grid import SWEEPS_DIR, load_grid
 from k3fasttrack.tiers.perf import SPEC
 
 

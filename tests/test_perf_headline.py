@@ -26,7 +26,7 @@ from k3fasttrack.cli.sweep import run_sweep
 from k3fasttrack.errors import UsageError
 from k3fasttrack.models.perf import PerfReport, StepFloor
 from k3fasttrack.models.profile import Profile
-from k3fasttrack.perf.harness import HarnessPoint, HarnessRepeat
+from k3fasttrack.tiers.perf.harness import HarnessPoint, HarnessRepeat
 from k3fasttrack.summary.tables import perf as render_perf
 from k3fasttrack.tiers.perf import SPEC
 

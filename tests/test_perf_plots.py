@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from k3fasttrack.errors import UsageError
-from k3fasttrack.perf import analysis
-from k3fasttrack.perf.agentic import agentic_metrics, generate_sessions, load_trace, sessions_sha256
-from k3fasttrack.perf.bench import extract_metrics
-from k3fasttrack.perf.grid import AgenticSpec
-from k3fasttrack.perf.plots import write_plots
+from k3fasttrack.tiers.perf import analysis
+from k3fasttrack.tiers.perf.agentic import agentic_metrics, generate_sessions, load_trace, sessions_sha256
+from k3fasttrack.tiers.perf.bench import extract_metrics
+from k3fasttrack.tiers.perf.grid import AgenticSpec
+from k3fasttrack.tiers.perf.plots import write_plots
 
 
 def _png_chunks(data: bytes) -> list[bytes]:

@@ -14,8 +14,8 @@ import pytest
 
 from k3fasttrack.errors import UsageError
 from k3fasttrack.models.perf import PointParams
-from k3fasttrack.perf import samepath
-from k3fasttrack.perf.harness import HarnessPoint, HarnessRepeat, load_harness, measure_with_harness
+from k3fasttrack.tiers.perf import samepath
+from k3fasttrack.tiers.perf.harness import HarnessPoint, HarnessRepeat, load_harness, measure_with_harness
 
 
 def _cell(
@@ -160,7 +160,7 @@ def unordered_harness(point: HarnessPoint) -> Iterator[HarnessRepeat]:
 
 
 def test_harness_runner_yields_the_same_cell_shape(tmp_path: Path) -> None:
-    from k3fasttrack.perf import analysis
+    from k3fasttrack.tiers.perf import analysis
 
     fn = load_harness(f"{__name__}:fake_backend_harness")
     point = HarnessPoint(
@@ -186,7 +186,7 @@ def test_harness_must_interleave_and_be_importable(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="module:function"):
         load_harness("no_colon")
     with pytest.raises(UsageError, match="cannot load harness"):
-        load_harness("k3fasttrack.perf:nothing_here")
+        load_harness("k3fasttrack.tiers.perf:nothing_here")
 
 
 def evidence_harness(point: HarnessPoint) -> Iterator[HarnessRepeat]:

@@ -14,7 +14,7 @@ from scipy import stats
 
 from k3fasttrack.models.perf import PerfReport
 from k3fasttrack.models.samples import PerfSample
-from k3fasttrack.perf import analysis
+from k3fasttrack.tiers.perf import analysis
 from k3fasttrack.tiers.perf import SPEC
 
 

@@ -19,7 +19,7 @@ import yaml
 from k3fasttrack.cli.sweep import run_sweep
 from k3fasttrack.models.perf import PerfReport
 from k3fasttrack.models.profile import Profile
-from k3fasttrack.perf.bench import run_vllm_bench
+from k3fasttrack.tiers.perf.bench import run_vllm_bench
 from k3fasttrack.tiers.perf import SPEC
 
 pytestmark = pytest.mark.slow

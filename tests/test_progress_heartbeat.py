@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from k3fasttrack.evals.runner import count_requests
-from k3fasttrack.pipeline import progress
-from k3fasttrack.pipeline.progress import HEARTBEAT_S, Heartbeat, StderrProgress, format_rate
+from k3fasttrack.tiers.evals.runner import count_requests
+from k3fasttrack.runtime import progress
+from k3fasttrack.runtime.progress import HEARTBEAT_S, Heartbeat, StderrProgress, format_rate
 
 
 class FakeClock:

@@ -14,7 +14,8 @@ from k3fasttrack.models.features import FeaturesReport
 from k3fasttrack.models.perf import PerfReport
 from k3fasttrack.models.proof import PathEvidence, ProofConfig, ProofReport
 from k3fasttrack.models.trace import StartupDecision, StepDecision
-from k3fasttrack.pipeline.atomic import write_bytes_atomic
+from k3fasttrack.runtime import trace as selection_trace
+from k3fasttrack.runtime.atomic import write_bytes_atomic
 from k3fasttrack.tiers.proof import signals
 from k3fasttrack.tiers.proof.tier import EVIDENCE_FILE, judge_tier, recompute, verdict
 
@@ -144,15 +145,17 @@ def test_selection_trace_window_counts_only_new_steps(tmp_path: Path) -> None:
 
     start = StartupDecision(backend="k3", enabled=True).model_dump_json() + "\n"
     write_bytes_atomic(trace, (start + step(0, "specialized")).encode())
-    offsets = signals.trace_offsets([trace])
+    offsets = selection_trace.trace_offsets([trace])
     with trace.open("a") as fh:
         fh.write(step(1, "stock") + step(2, "specialized") + step(3, "specialized"))
-    ev = signals.trace_window(offsets, tier="evals", server_side="candidate", side="candidate")
+    ev = selection_trace.trace_window(offsets, tier="evals", server_side="candidate",
+                                      side="candidate")
     assert ev.deltas["candidate"] == {signals.SPECIALIZED: 2.0, signals.STOCK_DECODE: 1.0}
     cfg = ProofConfig(signals=("selection_trace",))
     assert judge_tier("evals", [ev], cfg, tmp_path).outcome == "pass"
-    stock_only = signals.trace_window(signals.trace_offsets([trace]), tier="evals",
-                                      server_side="candidate", side="candidate")
+    stock_only = selection_trace.trace_window(selection_trace.trace_offsets([trace]),
+                                              tier="evals", server_side="candidate",
+                                              side="candidate")
     assert judge_tier("evals", [stock_only], cfg, tmp_path).outcome == "fail"
 
 

@@ -18,7 +18,7 @@ import yaml
 from serving_support import demo_profile, make_ctx
 
 from k3fasttrack.cli.evals import run_evals
-from k3fasttrack.evals.suite import SUITES_DIR
+from k3fasttrack.tiers.evals.suite import SUITES_DIR
 from k3fasttrack.models.profile import Profile
 from k3fasttrack.models.tokens import TokensReport
 from k3fasttrack.serving import ServerPair, start_pair

@@ -26,7 +26,7 @@ from k3fasttrack.models.kernels import KernelsReport
 from k3fasttrack.models.plan import Plan
 from k3fasttrack.models.reports import TIER_REPORT_ADAPTER, RunRecord
 from k3fasttrack.models.verdict import Verdict
-from k3fasttrack.pipeline.verdict import compute_verdict
+from k3fasttrack.tiers.verdict import compute_verdict
 from k3fasttrack.profiles import load_profile
 from k3fasttrack.serving.runner import BLIND_PREFIX
 from k3fasttrack.tiers.kernels import SPEC as KERNELS, read_cases, summarise

@@ -21,7 +21,7 @@ from pathlib import Path
 from k3fasttrack.bundle.canonical import canonical_json, sha256_bytes, sha256_file
 from k3fasttrack.bundle.errors import UnsafeEntryError
 from k3fasttrack.models.manifest import FileEntry, Manifest
-from k3fasttrack.pipeline.atomic import write_bytes_atomic
+from k3fasttrack.runtime.atomic import write_bytes_atomic
 
 MANIFEST_NAME = "manifest.json"
 ATTESTATIONS_DIR = "attestations"

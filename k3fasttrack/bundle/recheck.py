@@ -29,7 +29,7 @@ from k3fasttrack.errors import K3ftError
 from k3fasttrack.models.plan import Plan, SuitePower
 from k3fasttrack.models.reports import TIER_REPORT_ADAPTER, RunRecord, TierReport
 from k3fasttrack.models.verdict import Verdict
-from k3fasttrack.pipeline.verdict import compute_verdict
+from k3fasttrack.tiers.verdict import compute_verdict
 from k3fasttrack.tiers.registry import recompute_all, restatus
 from k3fasttrack.models.sizing import SizingPlan
 from k3fasttrack.tiers.sizing import read_plan as read_sizing

@@ -11,7 +11,7 @@ from k3fasttrack.bundle.keys import NAMESPACE, load_signing_key
 from k3fasttrack.bundle.manifest import ATTESTATIONS_DIR, MANIFEST_NAME, write_manifest
 from k3fasttrack.bundle.statement import check_inputs, statement_bytes
 from k3fasttrack.models.manifest import Manifest
-from k3fasttrack.pipeline.atomic import write_bytes_atomic
+from k3fasttrack.runtime.atomic import write_bytes_atomic
 
 DSSE_NAME = "statement.dsse.json"
 SSHSIG_NAME = "manifest.json.sig"

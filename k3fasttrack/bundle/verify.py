@@ -59,7 +59,7 @@ from k3fasttrack.models.env import Environment, GitState
 from k3fasttrack.models.manifest import Manifest
 from k3fasttrack.models.reports import RunRecord, TierReport
 from k3fasttrack.models.verdict import Verdict
-from k3fasttrack.pipeline.verdict import compute_verdict
+from k3fasttrack.tiers.verdict import compute_verdict
 
 RUN_RECORD = "run.json"
 VERDICT = "verdict.json"

@@ -112,7 +112,7 @@ def render_table(
 
 
 def _write_report(path: Path, report: IsolationReport) -> None:
-    from k3fasttrack.pipeline.atomic import write_bytes_atomic
+    from k3fasttrack.runtime.atomic import write_bytes_atomic
 
     try:
         write_bytes_atomic(path, (report.model_dump_json(indent=1) + "\n").encode())

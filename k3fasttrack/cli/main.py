@@ -6,16 +6,25 @@ imported inside the command), so ``k3ft --help`` stays fast.
 
 from __future__ import annotations
 
-import importlib
 import sys
 from typing import Annotated
 
 import click
 import typer
 
+from k3fasttrack.cli import (
+    comment,
+    diff,
+    evals,
+    isolation,
+    keygen,
+    summary,
+    sweep,
+    validate,
+    verify,
+)
 from k3fasttrack.cli.output import emit_json, error_line, json_request, version
 from k3fasttrack.errors import EXIT_INFRA, EXIT_USAGE, K3ftError
-
 
 
 def _click_errors() -> tuple[type[Exception], ...]:
@@ -51,8 +60,12 @@ Example:
   k3ft verify bundle.tar.gz --allowed-signers allowed_signers
 """
 
-COMMANDS = ("validate", "summary", "verify", "keygen", "diff", "isolation", "evals", "sweep",
-            "comment")
+COMMAND_MODULES = {"validate": validate, "summary": summary, "verify": verify, "keygen": keygen,
+                   "diff": diff, "isolation": isolation, "evals": evals, "sweep": sweep,
+                   "comment": comment}
+"""Each command's module, in the order ``k3ft --help`` lists them (``validate`` also registers
+``sign``)."""
+COMMANDS = tuple(COMMAND_MODULES)
 JSON_COMMANDS = frozenset({"validate", "verify", "keygen", "diff", "isolation", "evals", "sweep",
                            "comment", "sign"})
 """Commands with a ``--json`` option: their errors are also printed as the JSON envelope."""
@@ -76,12 +89,8 @@ def _root(
     """Options that apply before the command."""
 
 
-def _mount() -> None:
-    for name in COMMANDS:
-        importlib.import_module(f"k3fasttrack.cli.{name}").register(app)
-
-
-_mount()
+for _module in COMMAND_MODULES.values():
+    _module.register(app)
 
 
 def _fail(code: int, message: str, argv: list[str]) -> None:

@@ -48,7 +48,7 @@ def render(report: PerfReport) -> str:
     """A short plain-text table of the points: the headline (step time or TPOT per side, floor
     fraction, ratio against the named baseline) and the speedups of TPOT and output tokens/s;
     against a numerical reference, no speedup at all."""
-    from k3fasttrack.perf.headline import reference_note
+    from k3fasttrack.tiers.perf.headline import reference_note
 
     lines = [f"perf: {report.status} - {report.reason}"]
     for p in report.points:

@@ -24,7 +24,7 @@ from k3fasttrack.stats.models import (
 
 
 DataLabel = Literal["official", "synthetic", "generated", "unverified"]
-"""Where a suite's documents came from, decided by file digests (``evals/provenance.py``)."""
+"""Where a suite's documents came from, decided by file digests (``tiers/evals/provenance.py``)."""
 
 
 class DataFile(Record):

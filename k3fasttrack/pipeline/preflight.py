@@ -16,7 +16,7 @@ from k3fasttrack.errors import (
     UsageError,
 )
 from k3fasttrack.models.env import Environment
-from k3fasttrack.models.plan import Cell, Plan
+from k3fasttrack.models.plan import Cell, DepthRecord, Plan
 from k3fasttrack.models.profile import Profile
 
 _FAMILY_OF_CAP = {"9.0": "sm_90a", "10.0": "sm_100a", "10.3": "sm_103a"}
@@ -132,7 +132,6 @@ def plan_tiers(profile: Profile, tp: int, options: dict[str, Any],
     """The plan, each tier planned on its own: a tier whose inputs are missing adds no cells and
     one line saying what is missing, so every other tier is still planned. The plan records the
     depth with what its sizes can detect; a suite file short of the depth is one more line."""
-    from k3fasttrack.depth import plan_record
     from k3fasttrack.tiers.registry import RUN_ORDER, load_spec
 
     cells: list[Cell] = []
@@ -151,6 +150,24 @@ def plan_tiers(profile: Profile, tp: int, options: dict[str, Any],
     plan = Plan(profile=profile.name, tp=tp, tiers=tiers, cells=tuple(cells), command=command,
                 depth=record)
     return plan, missing
+
+
+def plan_record(profile: Profile) -> tuple[DepthRecord, list[str]]:
+    """The plan's depth record and every depth requirement the suite files fail (one line
+    each; a suite file that does not load is the evals tier's own input problem)."""
+    from k3fasttrack.depth import build_record, suite_problems
+    from k3fasttrack.tiers.evals.suite import Suite, SuiteError, design, load_suite
+
+    loaded: list[tuple[int, str, Suite]] = []
+    if profile.serving is not None and "evals" in profile.tiers:
+        for i, ref in enumerate(profile.evals.suites):
+            try:
+                loaded.append((i, ref, load_suite(ref)))
+            except SuiteError:
+                continue
+    problems = suite_problems(profile.depth, [(i, s) for i, _, s in loaded])
+    suites = [(s.name, ref, design(s), s.full_size) for _, ref, s in loaded]
+    return build_record(profile, suites), problems
 
 
 def not_run_tiers(plan: Plan, unplanned: set[str]) -> list[str]:

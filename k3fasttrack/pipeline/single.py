@@ -11,10 +11,10 @@ from k3fasttrack.models.base import TierName
 from k3fasttrack.models.plan import Plan
 from k3fasttrack.models.profile import Profile
 from k3fasttrack.models.reports import TIER_REPORT_ADAPTER, TierReport
-from k3fasttrack.pipeline.atomic import write_json_atomic
-from k3fasttrack.pipeline.cells import CellStore
-from k3fasttrack.pipeline.context import NotRunnable, ProgressSink, TierContext
-from k3fasttrack.pipeline.progress import StderrProgress
+from k3fasttrack.runtime.atomic import write_json_atomic
+from k3fasttrack.runtime.cells import CellStore
+from k3fasttrack.runtime.context import NotRunnable, ProgressSink, TierContext
+from k3fasttrack.runtime.progress import StderrProgress
 from k3fasttrack.tiers.registry import load_spec
 
 

@@ -20,15 +20,15 @@ from k3fasttrack.models.plan import Cell, Plan
 from k3fasttrack.models.profile import Profile
 from k3fasttrack.models.reports import TIER_REPORT_ADAPTER, RunRecord, TierReport
 from k3fasttrack.models.verdict import Verdict
-from k3fasttrack.pipeline.atomic import write_bytes_atomic, write_json_atomic
-from k3fasttrack.pipeline.cells import CellStore
-from k3fasttrack.pipeline.context import NotRunnable, TierContext
+from k3fasttrack.runtime.atomic import write_bytes_atomic, write_json_atomic
+from k3fasttrack.runtime.cells import CellStore
+from k3fasttrack.runtime.context import NotRunnable, TierContext
 from k3fasttrack.pipeline.invocation import (
     STATE_FILE, Invocation, read_state, refuse_finished_signed,
 )
 from k3fasttrack.pipeline.preflight import unmet_requirements
-from k3fasttrack.pipeline.progress import StderrProgress
-from k3fasttrack.pipeline.verdict import compute_verdict
+from k3fasttrack.runtime.progress import StderrProgress
+from k3fasttrack.tiers.verdict import compute_verdict
 from k3fasttrack.tiers.registry import RUN_ORDER, load_spec
 
 

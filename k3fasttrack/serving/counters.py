@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from k3fasttrack.models.proof import EvidenceSide, PathEvidence
+from k3fasttrack.runtime.trace import trace_window
 from k3fasttrack.serving.runner import ServerPair
 
 SPEC_DECODE_COUNTERS: tuple[str, ...] = (
@@ -135,8 +136,6 @@ def _trace_window(pair: ServerPair, snapshot: CounterSnapshotPair, *, tier: str,
                   cell: str | None, side: EvidenceSide) -> PathEvidence:
     """Selection-trace steps of each side since the snapshot; a side with no trace file at all
     is listed in ``missing`` (stock vLLM writes none)."""
-    from k3fasttrack.tiers.proof.signals import trace_window
-
     deltas: dict[str, dict[str, float]] = {}
     missing: dict[str, tuple[str, ...]] = {}
     sources: list[str] = []

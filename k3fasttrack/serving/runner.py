@@ -22,8 +22,8 @@ from k3fasttrack.models.serving import (
     ServingRecord,
     SwitchCheckRecord,
 )
-from k3fasttrack.pipeline.atomic import write_json_atomic
-from k3fasttrack.pipeline.context import TierContext
+from k3fasttrack.runtime.atomic import write_json_atomic
+from k3fasttrack.runtime.context import TierContext
 from k3fasttrack.serving import calibration, effective, process
 from k3fasttrack.serving.errors import ServerStartError
 from k3fasttrack.serving.model_prep import resolve_model

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from k3fasttrack.perf.headline import UNNAMED_BASELINE, VLLM_BENCH_BASELINE
+from k3fasttrack.tiers.perf.headline import UNNAMED_BASELINE, VLLM_BENCH_BASELINE
 from k3fasttrack.summary.untrusted import md_text
 
 
@@ -134,7 +134,7 @@ def perf_lead(r: dict[str, Any]) -> list[str]:
     step = heads[0][1].get("measure") == "step_time"
     what = "Per-step time" if step else "TPOT (time per output token)"
     bases = sorted({str(h.get("baseline")) for _, h in heads})
-    from k3fasttrack.perf.headline import UNNAMED_BASELINE, reference_note
+    from k3fasttrack.tiers.perf.headline import UNNAMED_BASELINE, reference_note
 
     refs = sorted({str(h.get("baseline_executor") or UNNAMED_BASELINE) for _, h in heads
                    if not h.get("speed_baseline", True)})

@@ -1,8 +1,12 @@
-"""Finds the tier modules; a tier that is not built yet is reported NOT_RUN with that reason."""
+"""The tiers, each named by a static import that readers and tools can follow.
+
+A tier's package is imported the first time its spec is asked for (``load_spec``), so a
+command that handles one tier (or none) does not import the others and what they import.
+"""
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
 from pathlib import Path
 
 from k3fasttrack.models.base import TIER_ORDER, TierName, TierStatus
@@ -16,16 +20,51 @@ RUN_ORDER: tuple[TierName, ...] = ("isolation", "kernels", "tokens", "evals", "f
                                    "proof")
 
 
+def _isolation() -> TierSpec:
+    from k3fasttrack.tiers.isolation import SPEC
+    return SPEC
+
+
+def _kernels() -> TierSpec:
+    from k3fasttrack.tiers.kernels import SPEC
+    return SPEC
+
+
+def _tokens() -> TierSpec:
+    from k3fasttrack.tiers.tokens import SPEC
+    return SPEC
+
+
+def _evals() -> TierSpec:
+    from k3fasttrack.tiers.evals import SPEC
+    return SPEC
+
+
+def _features() -> TierSpec:
+    from k3fasttrack.tiers.features import SPEC
+    return SPEC
+
+
+def _perf() -> TierSpec:
+    from k3fasttrack.tiers.perf import SPEC
+    return SPEC
+
+
+def _proof() -> TierSpec:
+    from k3fasttrack.tiers.proof import SPEC
+    return SPEC
+
+
+TIERS: dict[TierName, Callable[[], TierSpec]] = {
+    "isolation": _isolation, "kernels": _kernels, "tokens": _tokens, "evals": _evals,
+    "features": _features, "perf": _perf, "proof": _proof}
+"""Each tier's name and the function that imports its package and returns its spec."""
+
+
 def load_spec(name: TierName) -> TierSpec | None:
-    """The tier's spec, or None when its module does not exist yet."""
-    try:
-        module = importlib.import_module(f"k3fasttrack.tiers.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith(f"k3fasttrack.tiers.{name}"):
-            return None
-        raise
-    spec = getattr(module, "SPEC", None)
-    return spec if isinstance(spec, TierSpec) else None
+    """The tier's spec, or None for a name that no tier has."""
+    load = TIERS.get(name)
+    return load() if load is not None else None
 
 
 def recompute_all(bundle_dir: Path, report_paths: tuple[str, ...]) -> list[str]:
@@ -47,4 +86,4 @@ def restatus(report: TierReport, bundle_dir: Path) -> tuple[TierStatus, str]:
     return spec.restatus(report, bundle_dir) if spec else status_from_checks(report)
 
 
-__all__ = ["RUN_ORDER", "TIER_ORDER", "load_spec", "recompute_all", "restatus"]
+__all__ = ["RUN_ORDER", "TIERS", "TIER_ORDER", "load_spec", "recompute_all", "restatus"]

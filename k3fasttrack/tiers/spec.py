@@ -10,7 +10,7 @@ from k3fasttrack.models.base import TierName, TierStatus
 from k3fasttrack.models.plan import Cell
 from k3fasttrack.models.profile import Profile
 from k3fasttrack.models.reports import TierReport
-from k3fasttrack.pipeline.context import TierContext
+from k3fasttrack.runtime.context import TierContext
 from k3fasttrack.tiers.restatus import status_from_checks
 
 

@@ -8,9 +8,9 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from k3fasttrack.evals.compare import Judged, Paired, compare_sides, judge, read_samples
-from k3fasttrack.evals.provenance import label
-from k3fasttrack.evals.suite import (
+from k3fasttrack.tiers.evals.compare import Judged, Paired, compare_sides, judge, read_samples
+from k3fasttrack.tiers.evals.provenance import label
+from k3fasttrack.tiers.evals.suite import (
     GpqaZipData,
     JsonlData,
     MrcrData,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from k3fasttrack.errors import InfrastructureError, UsageError
-from k3fasttrack.evals.compare import (
+from k3fasttrack.tiers.evals.compare import (
     Judged,
     Paired,
     compare_sides,
@@ -22,10 +22,10 @@ from k3fasttrack.evals.compare import (
     samples_path,
     write_samples,
 )
-from k3fasttrack.evals.datasets import DataPaths, DatasetError, SuiteData, load_suite_data
-from k3fasttrack.evals.guard import Endpoint, PromptTooLong
-from k3fasttrack.evals.runner import evaluate, split_output
-from k3fasttrack.evals.suite import (
+from k3fasttrack.tiers.evals.datasets import DataPaths, DatasetError, SuiteData, load_suite_data
+from k3fasttrack.tiers.evals.guard import Endpoint, PromptTooLong
+from k3fasttrack.tiers.evals.runner import evaluate, split_output
+from k3fasttrack.tiers.evals.suite import (
     Suite,
     SuiteError,
     budget_deviations,
@@ -44,8 +44,8 @@ from k3fasttrack.models.profile import Profile
 from k3fasttrack.models.samples import Side
 from k3fasttrack.models.sizing import SizingPlan
 from k3fasttrack.models.serving import SwitchCheckRecord
-from k3fasttrack.pipeline.atomic import write_bytes_atomic, write_json_atomic
-from k3fasttrack.pipeline.context import NotRunnable, TierContext
+from k3fasttrack.runtime.atomic import write_bytes_atomic, write_json_atomic
+from k3fasttrack.runtime.context import NotRunnable, TierContext
 from k3fasttrack.serving import (
     ServerError,
     ServerPair,

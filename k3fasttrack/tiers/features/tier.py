@@ -18,8 +18,8 @@ from k3fasttrack.models.plan import Cell
 from k3fasttrack.models.profile import Profile
 from k3fasttrack.models.reports import TierReport
 from k3fasttrack.models.serving import SwitchCheckRecord
-from k3fasttrack.pipeline.atomic import write_bytes_atomic
-from k3fasttrack.pipeline.context import NotRunnable, TierContext
+from k3fasttrack.runtime.atomic import write_bytes_atomic
+from k3fasttrack.runtime.context import NotRunnable, TierContext
 from k3fasttrack.serving import (
     ServerError,
     ServerPair,

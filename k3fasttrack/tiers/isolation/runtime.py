@@ -1,4 +1,5 @@
-"""Runtime half of the isolation tier: read selection traces and aggregate them.
+"""Runtime half of the isolation tier: read selection traces and check their aggregate
+(``k3fasttrack.runtime.trace.summarize``).
 
 A trace is JSONL, one ``k3fasttrack.models.trace`` record per line, written by one process.
 A folder of ``*.jsonl`` files (one per process or TP rank) is read as a set of traces.
@@ -6,8 +7,6 @@ A folder of ``*.jsonl`` files (one per process or TP rank) is read as a set of t
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
@@ -15,23 +14,15 @@ from pydantic import TypeAdapter, ValidationError
 from k3fasttrack.errors import UsageError
 from k3fasttrack.models.base import Check
 from k3fasttrack.models.isolation import IsolationReport, RuntimeSummary
-from k3fasttrack.models.trace import CounterSnapshot, StartupDecision, StepDecision, TraceRecord
+from k3fasttrack.models.trace import StartupDecision, StepDecision, TraceRecord
+from k3fasttrack.runtime.trace import STOCK_ONLY_PHASES, WriterTrace, summarize
 from k3fasttrack.tiers.isolation.checks import isolation_status
 
 _ADAPTER: TypeAdapter[TraceRecord] = TypeAdapter(TraceRecord)
-STOCK_ONLY_PHASES = ("prefill", "mixed")
 
 
 class TraceFormatError(UsageError):
     """A selection trace that is missing or has a line that is not a trace record."""
-
-
-@dataclass
-class WriterTrace:
-    """The records of one trace file (one writer)."""
-
-    source: str
-    records: list[TraceRecord] = field(default_factory=list)
 
 
 def trace_files(path: Path) -> list[Path]:
@@ -67,55 +58,6 @@ def read_trace(path: Path) -> WriterTrace:
 def read_traces(path: Path) -> list[WriterTrace]:
     """Every trace file under ``path``."""
     return [read_trace(p) for p in trace_files(path)]
-
-
-def summarize(traces: list[WriterTrace]) -> RuntimeSummary:
-    """Counts per phase and path, per capture size, every refusal reason, and the counters."""
-    enabled: list[bool] = []
-    startup_reasons: Counter[str] = Counter()
-    spec_phase: Counter[str] = Counter()
-    stock_phase: Counter[str] = Counter()
-    by_size: Counter[str] = Counter()
-    refusals: Counter[str] = Counter()
-    steps = records = bad = 0
-    c_spec: int | None = None
-    c_stock: int | None = None
-    for trace in traces:
-        last_counter: CounterSnapshot | None = None
-        for rec in trace.records:
-            records += 1
-            if isinstance(rec, StartupDecision):
-                enabled.append(rec.enabled)
-                startup_reasons.update(rec.reasons)
-            elif isinstance(rec, StepDecision):
-                steps += 1
-                refusals.update(rec.reasons)
-                if rec.path == "specialized":
-                    spec_phase[rec.phase] += 1
-                    by_size[
-                        str(rec.capture_size if rec.capture_size is not None else rec.num_tokens)
-                    ] += 1
-                    bad += rec.phase in STOCK_ONLY_PHASES
-                else:
-                    stock_phase[rec.phase] += 1
-            else:
-                last_counter = rec
-        if last_counter is not None:
-            c_spec = (c_spec or 0) + last_counter.specialized_steps
-            c_stock = (c_stock or 0) + last_counter.stock_steps
-    return RuntimeSummary(
-        records=records,
-        startup_enabled=tuple(enabled),
-        startup_reasons=dict(startup_reasons),
-        steps=steps,
-        specialized_by_phase=dict(spec_phase),
-        stock_by_phase=dict(stock_phase),
-        specialized_by_capture_size=dict(by_size),
-        refusal_reasons=dict(refusals),
-        prefill_mixed_specialized=bad,
-        counters_specialized=c_spec,
-        counters_stock=c_stock,
-    )
 
 
 def _specialized_after_refusal(traces: list[WriterTrace]) -> list[str]:

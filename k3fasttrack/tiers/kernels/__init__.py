@@ -20,7 +20,7 @@ from k3fasttrack.models.kernels import KernelCase, KernelsReport
 from k3fasttrack.models.plan import Cell
 from k3fasttrack.models.profile import Profile
 from k3fasttrack.models.reports import TierReport
-from k3fasttrack.pipeline.context import NotRunnable, TierContext
+from k3fasttrack.runtime.context import NotRunnable, TierContext
 from k3fasttrack.tiers.spec import TierSpec
 
 RAW = "kernels/cases.jsonl"

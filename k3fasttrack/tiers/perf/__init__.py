@@ -4,6 +4,11 @@ Cells: one per sweep point (``perf-<point id>``), one per agentic concurrency
 (``perf-agentic-c<N>``), and ``perf-samepath-evals`` (greedy outputs of eval prompts resent to the
 candidate during the perf run). Each is stored atomically when it finishes; ``--resume`` measures
 only the missing ones.
+
+Modules: ``grid`` (sweep grids), ``workloads`` (prompt sets), ``bench`` and ``sweep`` (the
+``vllm bench serve`` driver), ``harness`` (the harness runner protocol), ``agentic`` (the agentic
+workload), ``analysis`` and ``headline`` (statistics glue), ``plots``, ``samepath`` (same-path
+checks), ``targets``, ``agreement``, ``run`` (the cells); measured facts in NOTES.md.
 """
 
 from __future__ import annotations
@@ -16,9 +21,8 @@ from k3fasttrack.models.perf import PerfReport
 from k3fasttrack.models.plan import Cell
 from k3fasttrack.models.profile import Profile
 from k3fasttrack.models.reports import TierReport
-from k3fasttrack.perf import analysis, headline, samepath
-from k3fasttrack.perf.grid import load_grid
-from k3fasttrack.tiers.perf import agreement
+from k3fasttrack.tiers.perf import agreement, analysis, headline, samepath
+from k3fasttrack.tiers.perf.grid import load_grid
 from k3fasttrack.tiers.perf.run import (
     AGENTIC_PREFIX,
     POINT_PREFIX,

@@ -13,15 +13,15 @@ from k3fasttrack.errors import InfrastructureError
 from k3fasttrack.models.base import Check, TierStatus
 from k3fasttrack.models.perf import PerfReport, PointResult, SkippedPoint
 from k3fasttrack.models.plan import Cell
-from k3fasttrack.perf import analysis, headline, samepath
-from k3fasttrack.perf.agentic import generate_sessions, load_trace, measure_agentic
-from k3fasttrack.perf.bench import run_vllm_bench
-from k3fasttrack.perf.grid import SweepGrid, load_grid, resolve_grid_path
-from k3fasttrack.perf.harness import HarnessPoint, load_harness, measure_with_harness
-from k3fasttrack.perf.plots import write_plots
-from k3fasttrack.perf.sweep import PointJob, measure_point
-from k3fasttrack.perf.targets import Target, served_model_root
-from k3fasttrack.pipeline.context import NotRunnable, TierContext
+from k3fasttrack.tiers.perf import analysis, headline, samepath
+from k3fasttrack.tiers.perf.agentic import generate_sessions, load_trace, measure_agentic
+from k3fasttrack.tiers.perf.bench import run_vllm_bench
+from k3fasttrack.tiers.perf.grid import SweepGrid, load_grid, resolve_grid_path
+from k3fasttrack.tiers.perf.harness import HarnessPoint, load_harness, measure_with_harness
+from k3fasttrack.tiers.perf.plots import write_plots
+from k3fasttrack.tiers.perf.sweep import PointJob, measure_point
+from k3fasttrack.tiers.perf.targets import Target, served_model_root
+from k3fasttrack.runtime.context import NotRunnable, TierContext
 from k3fasttrack.tiers.perf import agreement
 
 PRIMARY_METRICS = ("tpot_ms_median", "output_tok_s", "e2el_ms_median")

@@ -3,8 +3,8 @@
 - ``spec_decode_counters`` (CPU demo): vLLM's speculation counters on ``/metrics`` grew on the
   candidate during the tier's windows and did not grow on the baseline.
 - ``selection_trace`` (GPU backends): the backend's JSONL selection trace, read window by window
-  through the isolation tier's aggregator; specialized decode steps on the candidate, none on
-  the baseline.
+  through ``k3fasttrack.runtime.trace`` (the aggregate the isolation tier checks); specialized
+  decode steps on the candidate, none on the baseline.
 - ``executor_counters`` (served K3 backend): the ``k3ft:executor_*`` counters that our executor
   increments in vLLM's engine process, read from each server's ``/metrics``; they grew on the
   candidate and do not exist on the baseline.
@@ -23,16 +23,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pydantic import TypeAdapter
-
-from k3fasttrack.models.proof import EvidenceSide, PathEvidence, ProofSignal
-from k3fasttrack.models.trace import TraceRecord
+from k3fasttrack.models.proof import PathEvidence, ProofSignal
+from k3fasttrack.runtime.trace import SPECIALIZED, STOCK_DECODE
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 GENERATED = "vllm:generation_tokens_total"
-SPECIALIZED = "specialized_steps"
-STOCK_DECODE = "stock_decode_steps"
 EXECUTOR_STEPS = "k3ft:executor_decode_steps_total"
 EXECUTOR_TOKENS = "k3ft:executor_decode_tokens_total"
 
@@ -180,38 +176,6 @@ def judge_kernels(windows: list[PathEvidence], patterns: tuple[str, ...], bundle
         return False, False, why, cand, base
     why += f"; all {len(baseline_patterns)} stock patterns matched on the baseline"
     return True, False, why, cand, base
-
-
-_TRACE: TypeAdapter[TraceRecord] = TypeAdapter(TraceRecord)
-
-
-def trace_offsets(paths: Iterable[Path]) -> dict[str, int]:
-    """Byte sizes of selection-trace files now (the start of a window)."""
-    return {str(p): p.stat().st_size if p.is_file() else 0 for p in paths}
-
-
-def trace_window(offsets: dict[str, int], *, tier: str, server_side: str,
-                 side: EvidenceSide = "both", cell: str | None = None,
-                 ends: dict[str, int] | None = None) -> PathEvidence:
-    """Specialized and stock decode steps written to the trace files since ``offsets`` (up to
-    ``ends``, the sizes at the window's end, when given; to the end of each file otherwise).
-
-    Uses the isolation tier's aggregator (``summarize``) on the records of the window.
-    """
-    from k3fasttrack.tiers.isolation.runtime import WriterTrace, summarize
-
-    traces = []
-    for name, start in offsets.items():
-        with Path(name).open("rb") as fh:
-            fh.seek(start)
-            data = fh.read() if ends is None else fh.read(max(0, ends.get(name, 0) - start))
-        records = [_TRACE.validate_json(line) for line in data.splitlines() if line.strip()]
-        traces.append(WriterTrace(source=name, records=records))
-    summary = summarize(traces)
-    stock = summary.stock_by_phase.get("decode", 0) + summary.stock_by_phase.get("verify", 0)
-    deltas = {server_side: {SPECIALIZED: float(sum(summary.specialized_by_phase.values())),
-                            STOCK_DECODE: float(stock)}}
-    return PathEvidence(tier=tier, side=side, signal="selection_trace", cell=cell, deltas=deltas)
 
 
 def judge(signal: ProofSignal, windows: list[PathEvidence], patterns: tuple[str, ...],

@@ -22,8 +22,8 @@ from k3fasttrack.models.plan import Cell
 from k3fasttrack.models.profile import Profile
 from k3fasttrack.models.proof import PathEvidence, ProofConfig, ProofReport, TierProof
 from k3fasttrack.models.reports import TierReport
-from k3fasttrack.pipeline.atomic import write_bytes_atomic
-from k3fasttrack.pipeline.context import NotRunnable, TierContext
+from k3fasttrack.runtime.atomic import write_bytes_atomic
+from k3fasttrack.runtime.context import NotRunnable, TierContext
 from k3fasttrack.tiers.proof.signals import judge, parse_evidence
 
 EVIDENCE_FILE = "proof/evidence.jsonl"

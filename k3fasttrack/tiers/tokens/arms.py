@@ -25,8 +25,8 @@ import numpy as np
 from k3fasttrack.errors import InfrastructureError
 from k3fasttrack.models.serving import ServingConfig
 from k3fasttrack.models.tokens import ArmName, TokensConfig
-from k3fasttrack.pipeline import progress
-from k3fasttrack.pipeline.atomic import write_bytes_atomic
+from k3fasttrack.runtime import progress
+from k3fasttrack.runtime.atomic import write_bytes_atomic
 from k3fasttrack.serving.runner import ServerPair, start_server
 from k3fasttrack.serving.server import Server
 

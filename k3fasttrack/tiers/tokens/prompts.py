@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from k3fasttrack.errors import UsageError
-from k3fasttrack.evals.datasets import DataPaths
+from k3fasttrack.tiers.evals.datasets import DataPaths
 from k3fasttrack.models.tokens import PromptSet, TokensConfig
-from k3fasttrack.pipeline.atomic import write_bytes_atomic
+from k3fasttrack.runtime.atomic import write_bytes_atomic
 from k3fasttrack.serving.server import Server
 
 PROMPTS_FILE = "tokens/prompts.jsonl"

@@ -27,8 +27,8 @@ from k3fasttrack.models.tokens import (
     TokensConfig,
     TokensReport,
 )
-from k3fasttrack.pipeline.atomic import write_bytes_atomic
-from k3fasttrack.pipeline.context import NotRunnable, TierContext
+from k3fasttrack.runtime.atomic import write_bytes_atomic
+from k3fasttrack.runtime.context import NotRunnable, TierContext
 from k3fasttrack.serving import (
     ServerError,
     ServerPair,

@@ -20,7 +20,7 @@ from k3fasttrack.models.base import Record
 from k3fasttrack.models.sizing import SizingPlan
 from k3fasttrack.stats.models import NoninferiorityDesign
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 SUITES_DIR = DATA_DIR / "eval_suites"
 
 
@@ -36,7 +36,7 @@ class JsonlData(Record):
     """Split name (as the lm-eval task calls it: ``test``, ``train``) -> file."""
     official: bool = False
     """The suite claims the public release: every file's sha256 must be a pinned official
-    digest (``evals/provenance.py``), else the run stops with one line before any request."""
+    digest (``tiers/evals/provenance.py``), else the run stops with one line before any request."""
 
 
 class GpqaZipData(Record):

@@ -22,10 +22,10 @@ from k3fasttrack.models.perf import (
     StepFloor,
 )
 from k3fasttrack.models.samples import PerfSample, Side
-from k3fasttrack.perf.agentic import AGENTIC_METRICS
-from k3fasttrack.perf.bench import METRIC_INFO
-from k3fasttrack.perf.headline import HEADLINE_METRIC, point_headline
-from k3fasttrack.perf.targets import ACCEPTED, DRAFTS
+from k3fasttrack.tiers.perf.agentic import AGENTIC_METRICS
+from k3fasttrack.tiers.perf.bench import METRIC_INFO
+from k3fasttrack.tiers.perf.headline import HEADLINE_METRIC, point_headline
+from k3fasttrack.tiers.perf.targets import ACCEPTED, DRAFTS
 from k3fasttrack.stats.perf import compare_samples, geomean
 
 SAMPLES_FILE = "perf/samples.jsonl"

@@ -13,9 +13,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from k3fasttrack.evals import gpqa, mrcr
-from k3fasttrack.evals.datasets import SuiteData
-from k3fasttrack.evals.suite import GpqaZipData, Suite, SuiteError
+from k3fasttrack.tiers.evals import gpqa, mrcr
+from k3fasttrack.tiers.evals.datasets import SuiteData
+from k3fasttrack.tiers.evals.suite import GpqaZipData, Suite, SuiteError
 
 _DATASET_KEYS = ("dataset_path", "dataset_name", "dataset_kwargs", "tag", "group", "include")
 

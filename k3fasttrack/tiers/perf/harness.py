@@ -7,7 +7,7 @@ For backends measured without vLLM (our Hopper decode backend on the H200), ``Pe
 
 called once per sweep point. It must warm up, then yield ``point.repeats`` repeats for each side,
 interleaved baseline, candidate, baseline, candidate (A B A B), every repeat on the same inputs for
-both sides. Metric names are those of ``k3fasttrack.perf.bench.METRIC_INFO``; unknown names are
+both sides. Metric names are those of ``k3fasttrack.tiers.perf.bench.METRIC_INFO``; unknown names are
 refused. The perf tier turns the repeats into the same cell result, samples, statistics and
 same-path checks as the vllm-bench runner; each repeat is also written under ``perf/raw/``.
 """
@@ -23,8 +23,8 @@ from k3fasttrack.errors import UsageError
 from k3fasttrack.models.base import Record
 from k3fasttrack.models.perf import PointParams, StepFloor
 from k3fasttrack.models.samples import Side
-from k3fasttrack.perf.bench import METRIC_INFO
-from k3fasttrack.pipeline.atomic import write_json_atomic
+from k3fasttrack.tiers.perf.bench import METRIC_INFO
+from k3fasttrack.runtime.atomic import write_json_atomic
 
 __all__ = ["HarnessFn", "HarnessPoint", "HarnessRepeat", "StepFloor", "load_harness",
            "measure_with_harness", "point_identity"]

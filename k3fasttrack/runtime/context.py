@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from k3fasttrack.models.plan import Cell, Plan
 from k3fasttrack.models.profile import Profile
 from k3fasttrack.models.reports import TierReport
-from k3fasttrack.pipeline.cells import CellStore
+from k3fasttrack.runtime.cells import CellStore
 
 
 class ProgressSink(Protocol):

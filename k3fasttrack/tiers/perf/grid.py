@@ -22,7 +22,7 @@ class _Closed(BaseModel):
 
 
 class AgenticSpec(_Closed):
-    """The agentic multi-turn workload (see ``k3fasttrack.perf.agentic``)."""
+    """The agentic multi-turn workload (see ``k3fasttrack.tiers.perf.agentic``)."""
 
     sessions: Annotated[int, Field(ge=1)] = 4
     turns: Annotated[int, Field(ge=1)] = 3

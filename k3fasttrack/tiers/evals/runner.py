@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from k3fasttrack.errors import InfrastructureError
-from k3fasttrack.evals.datasets import SuiteData
-from k3fasttrack.evals.guard import Endpoint, guarded_client
-from k3fasttrack.evals.suite import Suite
-from k3fasttrack.evals.tasks import build_task, task_name
+from k3fasttrack.tiers.evals.datasets import SuiteData
+from k3fasttrack.tiers.evals.guard import Endpoint, guarded_client
+from k3fasttrack.tiers.evals.suite import Suite
+from k3fasttrack.tiers.evals.tasks import build_task, task_name
 from k3fasttrack.models.samples import EvalSample, Side
-from k3fasttrack.pipeline import progress
+from k3fasttrack.runtime import progress
 
 
 def _prompt_text(sample: dict[str, Any]) -> str:

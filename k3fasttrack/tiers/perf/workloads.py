@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from k3fasttrack.errors import UsageError
-from k3fasttrack.pipeline.atomic import write_bytes_atomic
+from k3fasttrack.runtime.atomic import write_bytes_atomic
 
 Tokenize = Callable[[str], list[int]]
 Detokenize = Callable[[list[int]], str]
@@ -31,7 +31,7 @@ def datasets_root() -> Path:
     env = os.environ.get("K3FT_DATASETS")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3] / "shared" / "datasets"
+    return Path(__file__).resolve().parents[4] / "shared" / "datasets"
 
 
 @lru_cache(maxsize=4)

@@ -28,7 +28,7 @@ from k3fasttrack.models.perf import (
     PointResult,
     StepFloor,
 )
-from k3fasttrack.perf.harness import HarnessRepeat, point_identity
+from k3fasttrack.tiers.perf.harness import HarnessRepeat, point_identity
 
 HEADLINE_METRIC = "tpot_ms_median"
 NUMERICAL_REFERENCES: Mapping[str, str] = {

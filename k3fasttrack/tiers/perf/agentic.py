@@ -23,8 +23,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from k3fasttrack.errors import InfrastructureError, UsageError
-from k3fasttrack.perf import workloads
-from k3fasttrack.perf.grid import AgenticSpec
+from k3fasttrack.tiers.perf import workloads
+from k3fasttrack.tiers.perf.grid import AgenticSpec
 
 AGENTIC_METRICS: dict[str, tuple[str, bool]] = {
     "agentic_interactivity_p90_tok_s_user": ("tokens/s/user", True),

@@ -20,9 +20,9 @@ from typing import Any
 
 from k3fasttrack.errors import UsageError
 from k3fasttrack.data import DATA_DIR
-from k3fasttrack.evals import gpqa, mrcr
-from k3fasttrack.evals.provenance import DataFile, DataLabel, file_record, label
-from k3fasttrack.evals.suite import REPO_ROOT, GpqaZipData, JsonlData, MrcrData, Suite
+from k3fasttrack.tiers.evals import gpqa, mrcr
+from k3fasttrack.tiers.evals.provenance import DataFile, DataLabel, file_record, label
+from k3fasttrack.tiers.evals.suite import REPO_ROOT, GpqaZipData, JsonlData, MrcrData, Suite
 
 
 class DatasetError(UsageError):

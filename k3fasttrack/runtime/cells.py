@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from k3fasttrack.pipeline.atomic import write_json_atomic
+from k3fasttrack.runtime.atomic import write_json_atomic
 
 
 class CellStore:

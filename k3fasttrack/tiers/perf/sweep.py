@@ -17,11 +17,11 @@ from typing import Any
 
 from k3fasttrack.models.perf import PointParams
 from k3fasttrack.models.samples import Side
-from k3fasttrack.perf import workloads
-from k3fasttrack.perf.bench import BenchFn, bench_argv, extract_metrics, request_summary
-from k3fasttrack.perf.grid import SweepGrid
-from k3fasttrack.perf.targets import ACCEPTED, DRAFTS, Target, counter
-from k3fasttrack.pipeline import progress
+from k3fasttrack.tiers.perf import workloads
+from k3fasttrack.tiers.perf.bench import BenchFn, bench_argv, extract_metrics, request_summary
+from k3fasttrack.tiers.perf.grid import SweepGrid
+from k3fasttrack.tiers.perf.targets import ACCEPTED, DRAFTS, Target, counter
+from k3fasttrack.runtime import progress
 
 SIDES: tuple[Side, Side] = ("baseline", "candidate")
 MAX_PROMPT_FILE_BYTES = 1 << 20

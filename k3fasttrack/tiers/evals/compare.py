@@ -12,7 +12,7 @@ from pathlib import Path
 
 from k3fasttrack.models.base import CheckOutcome
 from k3fasttrack.models.samples import EvalSample, Side
-from k3fasttrack.pipeline.atomic import write_bytes_atomic
+from k3fasttrack.runtime.atomic import write_bytes_atomic
 from k3fasttrack.stats.models import (
     NoninferiorityDesign,
     NoninferiorityGate,
