@@ -140,7 +140,7 @@ def test_every_planned_suite_is_in_the_report(tmp_path) -> None:
 def test_a_budget_shrunk_suite_gates_with_the_planned_documents(tmp_path) -> None:
     """A suite sized down by the run's plan records the kept documents as its design's
     ``planned_n`` and a deviation; verify accepts exactly the planned count."""
-    from k3fasttrack.evals.suite import sized
+    from k3fasttrack.tiers.evals.suite import sized
     from k3fasttrack.models.sizing import SizedWork, SizingPlan
     from k3fasttrack.tiers.sizing import SIZING_RECORD
 

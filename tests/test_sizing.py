@@ -12,7 +12,7 @@ import pytest
 
 from k3fasttrack.bundle.errors import SummaryMismatchError
 from k3fasttrack.bundle.recheck import check_run
-from k3fasttrack.evals.suite import SUITES_DIR, load_suite, sized
+from k3fasttrack.tiers.evals.suite import SUITES_DIR, load_suite, sized
 from k3fasttrack.models.profile import Budget, Profile
 from k3fasttrack.models.sizing import SizingPlan
 from k3fasttrack.profiles import load_profile

@@ -24,15 +24,18 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from k3fasttrack.evals.suite import Suite, load_suite
 from k3fasttrack.models.profile import Profile
 from k3fasttrack.models.sizing import SizedWork, SizingPlan
 from k3fasttrack.models.tokens import TokensConfig
-from k3fasttrack.pipeline.atomic import write_json_atomic
-from k3fasttrack.pipeline.context import TierContext
+from k3fasttrack.runtime.atomic import write_json_atomic
+from k3fasttrack.runtime.context import TierContext
 from k3fasttrack.serving import pair_service
 from k3fasttrack.serving.calibration import HOST_RECORD, HostRecord
+
+if TYPE_CHECKING:
+    from k3fasttrack.tiers.evals.suite import Suite
 
 SIZING_RECORD = "servers/sizing.json"
 TOKENS_ARMS = 3
@@ -154,6 +157,8 @@ def read_plan(bundle_dir: Path) -> SizingPlan | None:
 def ensure(ctx: TierContext) -> SizingPlan:
     """The run's plan: read back on resume, else computed once (after the pair's calibration,
     so it starts the pair) and written to ``servers/sizing.json``."""
+    from k3fasttrack.tiers.evals.suite import load_suite  # the evals tier imports this module
+
     recorded = read_plan(ctx.bundle_dir)
     if recorded is not None:
         return recorded
@@ -171,6 +176,8 @@ def recheck(bundle_dir: Path) -> list[str]:
     """One message per way the recorded plan is not what its recorded inputs give: the work's
     declared sizes against ``profile.json`` and the suite copies, the rates against
     ``servers/host.json``, and every planned size and estimate recomputed."""
+    from k3fasttrack.tiers.evals.suite import load_suite  # the evals tier imports this module
+
     recorded = read_plan(bundle_dir)
     if recorded is None:
         return []
