@@ -496,11 +496,14 @@ def _agrees(ref: Executor, cand: Executor, base: Executor, names: tuple[str, str
     return top1 and kl, res
 
 
-_COMPILERS = {"prep": ("compile_rms_glu", "compile_kv_insert", "compile_mla_prep",
-                       "compile_mla_qb", "compile_mla_qba"),
-              "kda": ("compile_kda",), "attn_res": ("compile_attn_res",),
-              "mla": ("compiled_mla_decode",), "router": ("compile_router",),
-              "moe": ("compile_moe",), "gemv": ("compile_gemv", "compile_gemv_normed")}
+_COMPILERS = {"norm_glu.op": ("compile_rms_glu",),
+              "mla.prep_op": ("compile_kv_insert", "compile_mla_prep", "compile_mla_qb",
+                              "compile_mla_qba"),
+              "kda.op": ("compile_kda",), "attn_res.op": ("compile_attn_res",),
+              "mla.op": ("compiled_mla_decode",), "router.op": ("compile_router",),
+              "moe.op": ("compile_moe",), "gemv.op": ("compile_gemv", "compile_gemv_normed")}
+"""Every compiler of the ops, by the module (under ``backend.k3_decode.ops``) that defines and
+calls it."""
 
 
 @contextlib.contextmanager
@@ -510,8 +513,8 @@ def _compile_keys(monkeypatch, seen: list):
     import importlib
 
     with monkeypatch.context() as m:
-        for pkg, names in _COMPILERS.items():
-            mod = importlib.import_module(f"backend.k3_decode.ops.{pkg}.op")
+        for module, names in _COMPILERS.items():
+            mod = importlib.import_module(f"backend.k3_decode.ops.{module}")
             for name in names:
                 real = getattr(mod, name)
 
