@@ -88,6 +88,7 @@ def test_demo_bundle_holds_raw_samples_and_plots(demo) -> None:
     assert plan["budget_s"] == BUDGET_S
     assert json.loads((bundle / "profile.json").read_text())["budget"]["sized_tiers_s"] == BUDGET_S
     sized = {w["name"]: w for w in plan["work"]}
+    assert plan["scale"] < 1 and sized["tokens"]["planned"] < sized["tokens"]["declared"]
     for arm in ("b1", "b2", "c"):
         rows = (bundle / f"tokens/{arm}.jsonl").read_text().splitlines()
         assert len(rows) == sized["tokens"]["planned"] <= tokens["config"]["prompts"]

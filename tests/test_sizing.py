@@ -118,10 +118,15 @@ def _bundle(root: Path, prof: Profile, host: HostRecord, plan: SizingPlan) -> Pa
     (root / "profile.json").write_text(prof.model_dump_json())
     (root / HOST_RECORD).write_text(host.model_dump_json())
     (root / sizing.SIZING_RECORD).write_text(plan.model_dump_json())
+    cells = []
     for path in DEMO_SUITES:
         suite = load_suite(path)
         (root / "evals" / suite.name).mkdir(parents=True)
         shutil.copy(path, root / "evals" / suite.name / "suite.yaml")
+        cells += [{"id": f"evals-{suite.name}-{side}", "tier": "evals",
+                   "params": {"suite": str(path), "side": side}}
+                  for side in ("baseline", "candidate")]
+    (root / "plan.json").write_text(json.dumps({"cells": cells}))
     return root
 
 
@@ -133,6 +138,59 @@ def budgeted(tmp_path: Path) -> Path:
 
 def test_verify_recomputes_an_honest_plan(budgeted: Path) -> None:
     assert sizing.recheck(budgeted) == []
+    shutil.rmtree(budgeted / "evals" / "gsm8k")  # a suite that never finished: its file is read
+    assert sizing.recheck(budgeted) == []
+
+
+def test_a_second_calibration_never_replaces_the_one_the_plan_used(budgeted: Path) -> None:
+    """A resume or a restarted pair calibrates again: its record goes beside, not over."""
+    from k3fasttrack.serving.calibration import next_record
+
+    first = (budgeted / HOST_RECORD).read_text()
+    for n in (2, 3):
+        path = next_record(budgeted)
+        assert path == budgeted / f"servers/host-{n}.json"
+        path.write_text(_host(10.0, 1.0, 2.0).model_dump_json())
+    assert (budgeted / HOST_RECORD).read_text() == first
+    assert sizing.recheck(budgeted) == []
+    assert next_record(budgeted / "fresh") == budgeted / "fresh" / HOST_RECORD
+
+
+def test_a_budget_never_shrinks_a_standard_or_full_profile() -> None:
+    from pydantic import ValidationError
+
+    for name in ("vllm-k3-gb300",):
+        data = load_profile(name).model_dump(mode="json")
+        assert data["depth"] in ("standard", "full")
+        with pytest.raises(ValidationError, match="budget may only shrink a smoke run"):
+            Profile.model_validate({**data, "budget": {"sized_tiers_s": 60}})
+
+
+def test_the_prompts_keep_the_positions_the_gate_needs_before_reaching_their_minimum() -> None:
+    prof = _profile(30.0)
+    tokens = prof.tokens.model_copy(update={"prompts": 200, "max_tokens": 16})
+    plan = sizing.plan(prof.model_copy(update={"tokens": tokens}), [], _host(150.0, 5.0, 40.0))
+    w = plan.get("tokens")
+    assert w is not None and w.planned * w.planned_tokens >= prof.tokens.min_positions
+    assert w.planned == math.ceil(prof.tokens.min_positions / 16) < 200
+
+
+def test_a_tiny_budget_on_a_slow_host_still_plans() -> None:
+    plan = sizing.plan(_profile(1.0), _suites(), _host(1.0, 0.01, 0.01))
+    assert 0 < plan.scale < 1e-3 and all(w.planned >= w.minimum for w in plan.work)
+
+
+def test_the_prompt_selection_keeps_the_first_of_the_declared_draw(tmp_path: Path) -> None:
+    from k3fasttrack.tiers.tokens.prompts import select_rows
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"question": f"q{i}"}) + "\n" for i in range(300)))
+    cfg = load_profile("cpu-demo").tokens
+    rows, texts, _, size = select_rows(data, cfg)
+    kept, kept_texts, _, _ = select_rows(data, cfg, keep=33)
+    assert size == 300 and len(rows) == cfg.prompts
+    assert (kept, kept_texts) == (rows[:33], texts[:33])
+    assert rows != sorted(rows)  # a seeded draw, not the file's order
 
 
 def _edit(path: Path, change) -> None:
@@ -155,6 +213,13 @@ def _edit(path: Path, change) -> None:
      lambda b: _edit(b / sizing.SIZING_RECORD, lambda d: d["work"][1].update(declared=2))),
     ("a sized piece dropped",
      lambda b: _edit(b / sizing.SIZING_RECORD, lambda d: d["work"].pop())),
+    ("a phantom suite that shrinks the rest",
+     lambda b: _edit(b / sizing.SIZING_RECORD, lambda d: d["work"].append(
+         {**d["work"][1], "name": "evals:ghost", "declared": 100000}))),
+    ("an unfinished suite's declared size inflated (its file is read instead)",
+     lambda b: (shutil.rmtree(b / "evals" / "gsm8k"), _edit(
+         b / sizing.SIZING_RECORD,
+         lambda d: [w.update(declared=300) for w in d["work"] if w["name"] == "evals:gsm8k"]))),
 ])
 def test_verify_refuses_a_plan_its_inputs_do_not_give(budgeted: Path, what: str, change) -> None:
     change(budgeted)

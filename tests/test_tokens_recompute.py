@@ -202,10 +202,27 @@ def test_the_prompt_count_is_the_declared_or_the_planned_one(tmp_path: Path) -> 
             budget_s=10.0, prompt_tokens_per_s=1.0, generation_tokens_per_s=1.0,
             declared_s=20.0, scale=0.5, work=(work,), note="test").model_dump_json())
 
-    plan(n)
+    plan(n)  # a sized run must record the dataset's size, and keep the draw's first rows
+    assert any("dataset_rows" in p for p in _recheck(bundle, report)[0])
+    report = _as_drawn(bundle, report, config(prompts=n + 8))
     assert _recheck(bundle, report)[0] == []
     plan(n - 1)
     assert any(f"{SIZING_RECORD} plans {n - 1}" in p for p in _recheck(bundle, report)[0])
+
+
+def _as_drawn(bundle: Path, report: TokensReport, cfg: TokensConfig,
+              size: int = 1000) -> TokensReport:
+    """The report and prompt file with rows that are the first of ``cfg``'s seeded draw."""
+    from k3fasttrack.tiers.tokens.prompts import draw
+
+    assert report.prompt_set is not None
+    lines = [json.loads(x) for x in (bundle / PROMPTS_FILE).read_text().splitlines()]
+    rows = draw(size, cfg)[:len(lines)]
+    for line, row in zip(lines, rows, strict=True):
+        line["row"] = row
+    (bundle / PROMPTS_FILE).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    prompt_set = report.prompt_set.model_copy(update={"rows": tuple(rows), "dataset_rows": size})
+    return report.model_copy(update={"prompt_set": prompt_set})
 
 
 def test_kept_prompts_must_be_the_first_of_the_seeded_draw(tmp_path: Path) -> None:
@@ -228,3 +245,27 @@ def test_kept_prompts_must_be_the_first_of_the_seeded_draw(tmp_path: Path) -> No
         assert bool(problems) == (rows != first), problems
         if problems:
             assert "first" in problems[0] and "seeded draw" in problems[0]
+
+
+def test_a_sized_run_is_judged_with_the_tokens_its_plan_kept(tmp_path: Path) -> None:
+    """Arms that generated the plan's fewer tokens per prompt are judged (and re-judged) with
+    that length, not the declared one; without the plan the same rows are short."""
+    from k3fasttrack.models.sizing import SizedWork, SizingPlan
+    from k3fasttrack.tiers.sizing import SIZING_RECORD
+
+    n, length = len(prompts()), config().max_tokens
+    declared = config(max_tokens=length + 8)
+    bundle = tmp_path / "b"
+    (bundle / "servers").mkdir(parents=True)
+    work = SizedWork(name="tokens", runs=3, declared=n, minimum=32, prompt_tokens=3,
+                     generated_tokens=length + 8, planned=n, planned_tokens=length,
+                     estimated_s=1.0)
+    (bundle / SIZING_RECORD).write_text(SizingPlan(
+        budget_s=10.0, prompt_tokens_per_s=1.0, generation_tokens_per_s=1.0, declared_s=20.0,
+        scale=0.9, work=(work,), note="test").model_dump_json())
+    report = _as_drawn(bundle, make_bundle(bundle, arm_rows("c"), cfg=declared), declared)
+    assert {c.name: c.outcome for c in report.checks}.get("same_prompts") != "fail"
+    assert report.status != "FAIL", report.reason
+    assert _recheck(bundle, report)[0] == []
+    (bundle / SIZING_RECORD).unlink()
+    assert any("sent" in p or "recompute" in p for p in _recheck(bundle, report)[0])

@@ -205,8 +205,12 @@ def _run(prof: Any, invocation: Invocation, secrets: dict[str, str], run_out: Pa
 
     tier_options: dict[str, object] = {**invocation.options, **secrets}
     if "budget" in invocation.options:
-        from k3fasttrack.models.profile import Budget
+        from k3fasttrack.errors import UsageError
+        from k3fasttrack.models.profile import BUDGET_DEPTHS, Budget
 
+        if prof.depth not in BUDGET_DEPTHS:
+            raise UsageError(f"--budget: profile {prof.name} is a {prof.depth} run, which keeps "
+                             "its declared sizes (a budget may only shrink a smoke run)")
         budget = Budget(sized_tiers_s=float(invocation.options["budget"]))
         prof = prof.model_copy(update={"budget": budget})
     ready = assess(prof, invocation.tp, tier_options, invocation.command)

@@ -48,6 +48,11 @@ class Budget(Record):
     """Seconds of tokens- and evals-tier work, estimated from the calibration."""
 
 
+BUDGET_DEPTHS = (None, "smoke")
+"""Depths a budget may shrink: a standard or full run keeps its declared sizes whatever the
+host (its depth's sizes are what it claims)."""
+
+
 class Profile(Artefact):
     """A validation profile (YAML). Shipped: cpu-demo (default), vllm-k3-gb300, k3-hopper."""
 
@@ -78,6 +83,9 @@ class Profile(Artefact):
         from k3fasttrack.depth import profile_problems
 
         problems = profile_problems(self)
+        if self.budget is not None and self.depth not in BUDGET_DEPTHS:
+            problems.append((("budget",), f"a {self.depth} profile runs at its declared sizes: "
+                                          "a budget may only shrink a smoke run"))
         if problems:
             raise ValidationError.from_exception_data(type(self).__name__, [
                 InitErrorDetails(type=PydanticCustomError("depth", "{why}", {"why": msg}), loc=loc,

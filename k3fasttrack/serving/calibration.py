@@ -14,6 +14,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field
@@ -23,11 +24,25 @@ from k3fasttrack.models.base import Record
 from k3fasttrack.models.env import CpuInfo
 
 HOST_RECORD = "servers/host.json"
+"""The run's first calibration (the one a budget's sizing plan uses); a pair started again (a
+resume, a restart after a server died) writes ``servers/host-2.json``, ``host-3.json``, ..."""
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 CALIBRATION_PROMPT = "The quick brown fox jumps over the lazy dog while counting numbers. " * 16
 """About 220 tokens with a Llama-style tokenizer; the server reports the exact count."""
 GEN_TOKENS = 24
 CONCURRENT = 8
+"""Requests in flight for the batched generation figure (the tiers' arms send 5-16)."""
+
+
+def next_record(bundle_dir: Path) -> Path:
+    """Where this pair start's record goes: ``HOST_RECORD`` unless a calibration is already
+    there, else the next free ``servers/host-<n>.json`` (nothing is overwritten)."""
+    path = bundle_dir / HOST_RECORD
+    n = 2
+    while path.exists():
+        path = bundle_dir / f"servers/host-{n}.json"
+        n += 1
+    return path
 
 
 def usable_cores() -> list[int]:

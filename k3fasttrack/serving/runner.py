@@ -341,7 +341,7 @@ def pair_service(ctx: TierContext) -> ServerPair:
             write_json_atomic(ctx.bundle_dir / PAIR_RECORD,
                               pair.record(ctx.bundle_dir).model_dump(mode="json"))
             host = measure_host(pair)
-            write_json_atomic(ctx.bundle_dir / calibration.HOST_RECORD,
+            write_json_atomic(calibration.next_record(ctx.bundle_dir),
                               host.model_dump(mode="json"))
             ctx.progress.note(calibration.summary(host))
         except BaseException:

@@ -80,10 +80,10 @@ def _hardware(env: Environment | None) -> str:
 
 
 def host_paragraph(bundle_dir: Path) -> str:
-    """The CPU serving host's calibration and what a budget made of the sized tiers
+    """The serving host's calibration and what a budget made of the sized tiers
     (``servers/host.json``, ``servers/sizing.json``); empty when the run started no servers."""
-    from k3fasttrack.models.sizing import SizingPlan
     from k3fasttrack.serving.calibration import HOST_RECORD, HostRecord, summary
+    from k3fasttrack.tiers.sizing import read_plan
 
     parts = []
     try:
@@ -92,8 +92,9 @@ def host_paragraph(bundle_dir: Path) -> str:
     except (OSError, ValueError):
         pass
     try:
-        plan = SizingPlan.model_validate_json((bundle_dir / "servers/sizing.json").read_bytes())
-        parts.append(f"Sizing: {plan.note}.")
+        plan = read_plan(bundle_dir)
+        if plan is not None:
+            parts.append(f"Sizing: {plan.note}.")
     except (OSError, ValueError):
         pass
     return md_text(" ".join(parts), 1500) if parts else ""
@@ -112,7 +113,31 @@ def depth_paragraph(bundle_dir: Path) -> str:
         return "Depth: unknown (the bundle has no readable plan.json)."
     if plan.depth is None:
         return "Depth: not recorded (plan.json has no depth record)."
-    return " ".join(md_text(line, 1000) for line in describe(plan.depth))
+    lines = describe(plan.depth)
+    sized = _sized_note(bundle_dir)
+    if sized:
+        lines.append(sized)
+    return " ".join(md_text(line, 1000) for line in lines)
+
+
+def _sized_note(bundle_dir: Path) -> str:
+    """A sentence when a budget kept less than the declared sizes the depth record describes."""
+    from k3fasttrack.tiers.sizing import read_plan
+
+    try:
+        plan = read_plan(bundle_dir)
+    except (OSError, ValueError):
+        return "The bundle's sizing plan is unreadable."
+    shrunk = [w for w in (plan.work if plan else ())
+              if (w.planned, w.planned_tokens) != (w.declared, w.generated_tokens)]
+    if not shrunk:
+        return ""
+    kept = ", ".join(f"{w.name} {w.planned} of {w.declared}"
+                     + (f" x {w.planned_tokens} of {w.generated_tokens} tokens"
+                        if w.planned_tokens != w.generated_tokens else "") for w in shrunk)
+    return (f"The run's budget kept less on this host ({kept}): the detectable drops above are "
+            "the declared sizes', this run's are larger (a gate without the power it needs "
+            "says INCONCLUSIVE, never PASS).")
 
 
 def _render(ctx: dict[str, Any]) -> str:

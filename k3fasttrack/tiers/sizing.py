@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from k3fasttrack.errors import K3ftError
 from k3fasttrack.models.profile import Profile
 from k3fasttrack.models.sizing import SizedWork, SizingPlan
 from k3fasttrack.models.tokens import TokensConfig
@@ -80,8 +81,11 @@ def _seconds(w: SizedWork, n: int, m: int, prompt_rate: float, gen_rate: float) 
 
 def _shrink(w: SizedWork, scale: float, min_positions: int) -> tuple[int, int]:
     """(documents, tokens per document) keeping about ``scale`` of ``w``'s declared work."""
-    n = max(w.minimum, min(w.declared, math.floor(w.declared * scale)))
-    if w.name != "tokens" or n > w.minimum:
+    least = w.minimum
+    if w.name == "tokens":  # as many prompts as the positions need at full length
+        least = max(least, min(w.declared, math.ceil(min_positions / w.generated_tokens)))
+    n = max(least, min(w.declared, math.floor(w.declared * scale)))
+    if w.name != "tokens" or n > least:
         return n, w.generated_tokens
     left = scale * w.declared / n  # the share the prompts could not give up
     floor_m = min(w.generated_tokens, math.ceil(min_positions / n))
@@ -125,13 +129,27 @@ def plan_from(budget_s: float | None, work: Sequence[SizedWork], host: HostRecor
                 f"the {budget_s:.0f} s budget: kept {scale:.0%} ({kept}; estimated {total:.0f} s)")
     return SizingPlan(budget_s=budget_s, prompt_tokens_per_s=prompt_rate,
                       generation_tokens_per_s=gen_rate, declared_s=round(declared_s, 1),
-                      scale=round(min(scale, 1.0), 6), work=tuple(sized), note=note)
+                      scale=min(scale, 1.0), work=tuple(sized), note=note)
 
 
 def plan(profile: Profile, suites: Sequence[Suite], host: HostRecord | None) -> SizingPlan:
     """The plan of ``profile`` with its ``suites`` on the calibrated ``host``."""
     budget = profile.budget.sized_tiers_s if profile.budget else None
     return plan_from(budget, _declared_work(profile, suites), host, profile.tokens.min_positions)
+
+
+def _planned_suites(bundle_dir: Path) -> list[tuple[str, str]]:
+    """(suite name, suite file) of every suite ``plan.json`` plans (its evals cells)."""
+    path = bundle_dir / "plan.json"
+    if not path.is_file():
+        return []
+    cells = json.loads(path.read_text()).get("cells") or []
+    out: dict[str, str] = {}
+    for cell in cells:
+        cid = str(cell.get("id", ""))
+        if cell.get("tier") == "evals" and cid.endswith("-baseline"):
+            out[cid[len("evals-"):-len("-baseline")]] = str(cell.get("params", {}).get("suite"))
+    return sorted(out.items())
 
 
 def sized_tokens(cfg: TokensConfig, plan: SizingPlan | None) -> TokensConfig:
@@ -144,6 +162,7 @@ def sized_tokens(cfg: TokensConfig, plan: SizingPlan | None) -> TokensConfig:
 
 
 def read_host(bundle_dir: Path) -> HostRecord | None:
+    """The run's first calibration (the one its sizing plan used); None when none ran."""
     path = bundle_dir / HOST_RECORD
     return HostRecord.model_validate_json(path.read_text()) if path.is_file() else None
 
@@ -173,9 +192,12 @@ def ensure(ctx: TierContext) -> SizingPlan:
 
 
 def recheck(bundle_dir: Path) -> list[str]:
-    """One message per way the recorded plan is not what its recorded inputs give: the work's
-    declared sizes against ``profile.json`` and the suite copies, the rates against
-    ``servers/host.json``, and every planned size and estimate recomputed."""
+    """One message per way the recorded plan is not what its recorded inputs give: the pieces
+    against the tiers ``profile.json`` asks for and the suites ``plan.json`` plans, their
+    declared sizes against ``profile.json`` and each suite's copy in the bundle (or its file, for
+    a suite that did not finish), the rates against ``servers/host.json``, and every planned size
+    and estimate recomputed. A suite that neither finished nor resolves here is taken as
+    recorded."""
     from k3fasttrack.tiers.evals.suite import load_suite  # the evals tier imports this module
 
     recorded = read_plan(bundle_dir)
@@ -185,16 +207,21 @@ def recheck(bundle_dir: Path) -> list[str]:
     profile = Profile.model_validate(json.loads((bundle_dir / "profile.json").read_text()))
     budget = profile.budget.sized_tiers_s if profile.budget else None
     declared = {w.name: w for w in _declared_work(profile, [])}
-    for w in recorded.work:
-        if w.name.startswith("evals:"):
-            copy = bundle_dir / "evals" / w.name.split(":", 1)[1] / "suite.yaml"
-            if copy.is_file():
-                declared.update({x.name: x for x in _declared_work(
-                    profile.model_copy(update={"tiers": ("evals",)}), [load_suite(copy)])})
-            else:
-                declared.setdefault(w.name, w.model_copy(update={
-                    "planned": w.declared, "planned_tokens": w.generated_tokens,
-                    "estimated_s": 0.0}))
+    evals_only = profile.model_copy(update={"tiers": ("evals",)})
+    recorded_by_name = {w.name: w for w in recorded.work}
+    for name, ref in _planned_suites(bundle_dir):
+        key = f"evals:{name}"
+        copy = bundle_dir / "evals" / name / "suite.yaml"
+        try:  # the copy a finished suite left, else the suite file the plan names
+            suite = load_suite(copy if copy.is_file() else ref)
+        except (OSError, ValueError, K3ftError):
+            suite = None
+        if suite is not None:
+            declared.update({x.name: x for x in _declared_work(evals_only, [suite])})
+        elif key in recorded_by_name:  # unreadable here and never finished: as recorded
+            declared[key] = recorded_by_name[key].model_copy(update={
+                "planned": recorded_by_name[key].declared,
+                "planned_tokens": recorded_by_name[key].generated_tokens, "estimated_s": 0.0})
     names = [w.name for w in recorded.work]
     if sorted(names) != sorted(declared):
         problems.append(f"{SIZING_RECORD} sizes {', '.join(names) or 'nothing'}, the profile "

@@ -81,6 +81,8 @@ def _prompt_count(report: TokensReport, bundle_dir: Path) -> list[str]:
         why = f"{SIZING_RECORD} plans" if plan is not None else "the profile declares"
         return [f"the tier sent {len(rows)} prompts, {why} {want}"]
     size = report.prompt_set.dataset_rows
+    if size is None and plan is not None:
+        return ["a sized run's prompt set must record the dataset's size (dataset_rows)"]
     if size is not None and (size < cfg.prompts or list(rows) != draw(size, cfg)[:len(rows)]):
         return [f"{PROMPTS_FILE}'s rows are not the first {len(rows)} of the seeded draw"]
     return []
