@@ -23,7 +23,7 @@ from k3fasttrack.tiers.evals.suite import SUITES_DIR
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
-BUDGET_S = 150
+BUDGET_S = 60
 
 
 def _env(tmp: Path) -> dict[str, str]:
