@@ -79,3 +79,16 @@ def test_host_record_names_cpu_placement_and_cap(monkeypatch: pytest.MonkeyPatch
     assert again.placement == {"baseline": (0,), "candidate": (1,)}
     assert again.cpu.isa_caps["ONEDNN_MAX_CPU_ISA"] == "AVX2"
     assert "ONEDNN_MAX_CPU_ISA=AVX2" in calibration.summary(rec)
+
+
+def test_sides_isolated_only_for_started_servers_on_disjoint_cores() -> None:
+    def pair(mode: str, placement: dict[str, tuple[int, ...]]) -> runner.ServerPair:
+        srv = runner.Server(side="baseline", url="http://127.0.0.1:1")  # type: ignore[call-arg]
+        return runner.ServerPair(baseline=srv, candidate=srv, switch_args=(), mode=mode,
+                                 placement=placement)
+
+    assert pair("started", {"baseline": (0,), "candidate": (1,)}).sides_isolated
+    assert not pair("started", {}).sides_isolated
+    assert not pair("started", {"baseline": (0, 1), "candidate": (1,)}).sides_isolated
+    assert not pair("started", {"baseline": (0,)}).sides_isolated
+    assert not pair("attached", {"baseline": (0,), "candidate": (1,)}).sides_isolated

@@ -66,6 +66,13 @@ class ServerPair:
     placement: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """Cores each started server is pinned to (empty: not pinned)."""
 
+    @property
+    def sides_isolated(self) -> bool:
+        """Both servers were started here on disjoint cores: work sent to one does not slow the
+        other's compute, so tiers whose results do not depend on timing may drive both at once."""
+        cores = [set(self.placement.get(side, ())) for side in ("baseline", "candidate")]
+        return self.mode == "started" and all(cores) and not (cores[0] & cores[1])
+
     def sides(self) -> tuple[tuple[Side, Server], ...]:
         """``(("baseline", server), ("candidate", server))``."""
         return (("baseline", self.baseline), ("candidate", self.candidate))
