@@ -22,5 +22,6 @@ plat="--only-binary=:all: --python-version 3.12 --implementation cp --platform m
 # pinned versions: the same wheels every device call installs
 python3 -m pip download -q --no-deps $plat -d .gpu-wheels \
   pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
-  pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 pygments==2.21.0
+  pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 pygments==2.21.0 \
+  pytest-xdist==3.8.0 execnet==2.1.2
 du -sh .gpu-kit .gpu-wheels

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Device side, one call: `k3ft validate` with the backend's profile on the lent H200, unsigned
 # (the signing key never leaves the CPU machine), the run folder packed under $OUT.
-#   bash backend/device/validate.sh [PROFILE]   (default: k3-hopper; about 9 minutes: the
-#   kernel tier takes 400-500 s, the perf tier about 120 s, so a run may need the resume call
-#   below)
+#   bash backend/device/validate.sh [PROFILE]   (default: k3-hopper: 546 s in one call with
+#   K3FT_VALIDATE_TIMEOUT=560: the kernel tier 295 s in 4 pytest-xdist workers, the perf tier
+#   233 s; a run cut short continues with the resume call below)
 #   K3FT_VALIDATE_TIMEOUT (s, default 525): where the validate is cut (the call's 600 s hold the
-#   kit's setup, ~15 s, and the packing too; 568 fits a kernel tier of 402 s and perf of 120 s).
+#   kit's setup, ~15 s, and the packing too).
 #   K3FT_RESUME=run.tar.gz bash backend/device/validate.sh: unpack a carried run.tar.gz from an
 #   earlier call and continue it (`k3ft validate --resume`: finished cells are kept).
 # Back on the CPU machine: `k3ft sign <run folder>`, then commit the bundle under bundles/
