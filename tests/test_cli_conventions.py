@@ -211,3 +211,12 @@ def test_help_imports_no_heavy_module() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     assert out.strip() == "[]"
+
+
+def test_dry_run_states_the_budget_it_will_apply(capsys) -> None:
+    code, out, _ = run(capsys, "validate", "--dry-run", "--budget", "100")
+    assert code == 0
+    budget = [ln for ln in out.splitlines() if ln.strip().startswith("Budget:")]
+    assert len(budget) == 1 and "100 s" in budget[0] and "calibration" in budget[0]
+    code, out, _ = run(capsys, "validate", "--profile", "cpu-k3", "--dry-run")
+    assert code == 0 and "Budget:" not in out  # cpu-k3 declares no budget

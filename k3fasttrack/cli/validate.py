@@ -63,7 +63,7 @@ def _completed(given: Invocation, tp: int | None) -> Invocation:
         "tp": tp if tp is not None else min(prof.bounds.tp_sizes)})
 
 
-def _print_plan(plan: Plan, ready: Readiness) -> None:
+def _print_plan(plan: Plan, ready: Readiness, budget_s: float | None = None) -> None:
     """The plan on stdout; what stops it (or says it will end INCOMPLETE) on stderr."""
     typer.echo(f"plan: profile {plan.profile}, TP{plan.tp}, tiers {', '.join(plan.tiers)}")
     if plan.depth is not None:
@@ -71,6 +71,11 @@ def _print_plan(plan: Plan, ready: Readiness) -> None:
 
         for line in describe(plan.depth):
             typer.echo(f"  {line}")
+    if budget_s is not None:
+        typer.echo(f"  Budget: {budget_s:g} s for the tokens and evals tiers, applied once the "
+                   "started servers' calibration has measured this host (the sizes above are "
+                   "the declared ones; servers/sizing.json records what the run keeps); "
+                   "attached servers are not calibrated and keep the declared sizes.")
     for cell in plan.cells:
         params = " ".join(f"{k}={v}" for k, v in cell.params.items())
         typer.echo(f"  {cell.tier:<10} {cell.id}  {params}")
@@ -81,7 +86,7 @@ def _print_plan(plan: Plan, ready: Readiness) -> None:
         typer.echo("k3ft: this run will end INCOMPLETE at best (exit 4)", err=True)
 
 
-def _dry_run(plan: Plan, ready: Readiness, as_json: bool) -> None:
+def _dry_run(plan: Plan, ready: Readiness, as_json: bool, budget_s: float | None = None) -> None:
     """Print the plan and the preflight; exit with the code the run would refuse with."""
     from k3fasttrack.cli.output import error_line
 
@@ -91,7 +96,7 @@ def _dry_run(plan: Plan, ready: Readiness, as_json: bool) -> None:
         emit_json("validate", ready.exit_code, result,
                   error=refusal.one_line() if refusal else None)
     else:
-        _print_plan(plan, ready)
+        _print_plan(plan, ready, budget_s)
     if refusal is not None:
         error_line(refusal.one_line())
     elif not as_json:
@@ -215,7 +220,8 @@ def _run(prof: Any, invocation: Invocation, secrets: dict[str, str], run_out: Pa
         prof = prof.model_copy(update={"budget": budget})
     ready = assess(prof, invocation.tp, tier_options, invocation.command)
     if dry_run:
-        _dry_run(ready.plan, ready, as_json)
+        _dry_run(ready.plan, ready, as_json,
+                 prof.budget.sized_tiers_s if prof.budget is not None else None)
     signing_key = Path(invocation.key) if invocation.key is not None else None
     if signing_key is not None and invocation.sign:
         from k3fasttrack.bundle import load_signing_key

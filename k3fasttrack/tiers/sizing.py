@@ -6,6 +6,8 @@ batched generation throughput; each piece of work is estimated as
 
     runs x documents x (prompt_tokens / prompt_rate + generated_tokens / generation_rate)
 
+(the work of every run in turn: where the pair's servers have cores of their own, the tiers
+drive both sides at once and finish sooner, so the estimate bounds the wall time from above)
 and, when the declared sizes would overrun the budget, every piece keeps the same share
 ``scale = budget / declared estimate`` of its documents (rounded down, never below its minimum:
 the identity gate's ``min_prompts`` for the tokens tier, one document for a suite). Where the
