@@ -73,7 +73,7 @@ import torch
 
 from backend.k3_decode.settings import DecodeSettings
 from k3fasttrack.errors import InfrastructureError, UsageError
-from k3fasttrack.tiers.perf.harness import HarnessPoint, HarnessRepeat, StepFloor
+from k3fasttrack.models.harness import HarnessPoint, HarnessRepeat, StepFloor
 from k3fasttrack.runtime.trace import trace_offsets, trace_window
 
 _MODELS: dict[tuple, Any] = {}

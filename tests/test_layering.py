@@ -22,6 +22,8 @@ only and are not counted.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = "k3fasttrack"
@@ -158,3 +160,23 @@ def test_checker_sees_lazy_relative_and_type_only_imports(tmp_path: Path) -> Non
         (pkg / rel).write_text(text)
     problems = upward_imports(tmp_path)
     assert len(problems) == 1 and "imports k3fasttrack.pipeline.run (pipeline)" in problems[0]
+
+
+HARNESS = ROOT / "backend/harness.py"
+"""The backend's perf harness: the one backend module the perf tier loads by name."""
+
+
+def test_the_backend_harness_uses_only_the_protocol_and_the_layers_below_it() -> None:
+    """backend/harness.py imports the toolkit's core and runtime layers only (the harness
+    protocol lives in ``k3fasttrack.models.harness``), and those imports load no tier module."""
+    known = set(package_modules(ROOT))
+    targets = [t for _, t in imported_modules("backend.harness", HARNESS, known)]
+    assert "k3fasttrack.models.harness" in targets
+    allowed = {index for index, (name, _) in enumerate(LAYERS) if name in ("core", "runtime")}
+    above = [t for t in targets if layer_of(t) not in allowed]
+    assert not above, f"backend/harness.py imports above the runtime layer: {above}"
+    code = ("import sys\n" + "".join(f"import {t}\n" for t in dict.fromkeys(targets))
+            + "print(sorted(m for m in sys.modules if m.startswith('k3fasttrack.tiers')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True).stdout.strip()
+    assert out == "[]", f"the harness's toolkit imports load tier modules: {out}"
