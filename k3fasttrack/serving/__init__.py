@@ -48,7 +48,9 @@ Errors (all ``InfrastructureError``, exit code 3; each carries ``.side`` and ``.
   FAIL or INCOMPLETE with ``err.log_lines`` in its reason/raw files; finished cells stay stored.
 
 Proof helpers (record the result in your report's ``path_evidence`` as ``.model_dump(mode="json")``)
-  ``counters_before(pair) -> CounterSnapshotPair``
+  ``counters_before(pair, sides=("baseline", "candidate")) -> CounterSnapshotPair``
+      ``sides``: the servers to read (only the one a window uses when the other serves other
+      work at the same time); ``counters_after`` reads the same ones.
   ``counters_after(pair, snapshot, *, tier, cell=None, side="both") -> PathEvidence``
       ``side``: the server(s) the window sent traffic to ("baseline", "candidate" or "both").
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from k3fasttrack.models.proof import EvidenceSide, PathEvidence
 from k3fasttrack.runtime.trace import trace_window
 from k3fasttrack.serving.runner import ServerPair
+from k3fasttrack.serving.server import Side
 
 SPEC_DECODE_COUNTERS: tuple[str, ...] = (
     "vllm:spec_decode_num_drafts_total",
@@ -50,17 +51,20 @@ TRACE_SETTLE_S = 2.0
 
 @dataclass(frozen=True)
 class CounterSnapshotPair:
-    """The watched counters of both servers at one moment (``None``: the server lacks it)."""
+    """The watched counters of the servers read at one moment (``None``: the server lacks it)."""
 
     values: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    """Side -> counter -> value, for each side the snapshot read."""
     trace_offsets: dict[str, dict[str, int]] = field(default_factory=dict)
     """Side -> selection-trace file -> its size at the snapshot (sides with a trace only)."""
 
 
-def _read(pair: ServerPair) -> CounterSnapshotPair:
+def _read(pair: ServerPair, sides: tuple[str, ...]) -> CounterSnapshotPair:
     values: dict[str, dict[str, float | None]] = {}
     offsets: dict[str, dict[str, int]] = {}
     for side, server in pair.sides():
+        if side not in sides:
+            continue
         metrics = server.metrics()
         values[side] = {name: _sum_series(metrics, name) for name in WATCHED}
         if server.trace_glob is not None:
@@ -88,23 +92,29 @@ def _sum_series(metrics: dict[str, float], name: str) -> float | None:
     return sum(hits) if hits else None
 
 
-def counters_before(pair: ServerPair) -> CounterSnapshotPair:
-    """Snapshot the watched counters of both servers before a window of work."""
-    return _read(pair)
+BOTH_SIDES: tuple[Side, ...] = ("baseline", "candidate")
+
+
+def counters_before(pair: ServerPair, sides: tuple[Side, ...] = BOTH_SIDES) -> CounterSnapshotPair:
+    """Snapshot the watched counters before a window of work: of both servers, or only of
+    ``sides`` (when the other server serves other work during the window, its growth is not
+    this window's); ``counters_after`` reads the same servers again."""
+    return _read(pair, sides)
 
 
 def counters_after(pair: ServerPair, snapshot: CounterSnapshotPair, *, tier: str,
                    cell: str | None = None, side: EvidenceSide = "both") -> PathEvidence:
-    """Growth of the watched counters on both servers since ``snapshot``, as ``PathEvidence``.
+    """Growth of the watched counters since ``snapshot``, as ``PathEvidence``, on the servers
+    the snapshot read (both unless ``counters_before`` was given ``sides``).
 
     ``side`` says which server(s) the window sent traffic to (the proof tier expects growth of
     the speculation counters on the candidate when it got traffic, and none on the baseline).
     """
-    now = _read(pair)
+    now = _read(pair, tuple(snapshot.values))
     companions: list[PathEvidence] = []
     if snapshot.trace_offsets:
         companions.append(_trace_window(pair, snapshot, tier=tier, cell=cell, side=side))
-    if any(srv.metrics_dir is not None for _, srv in pair.sides()):
+    if any(srv.metrics_dir is not None for s, srv in pair.sides() if s in snapshot.values):
         companions.append(_counter_window(snapshot, now, EXECUTOR_COUNTERS + TRAFFIC_COUNTERS,
                                           "executor_counters", tier=tier, cell=cell, side=side))
     spec = _counter_window(snapshot, now, SPEC_DECODE_COUNTERS + TRAFFIC_COUNTERS,
