@@ -135,10 +135,12 @@ class Spans:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.spans: dict[str, tuple[float, float]] = {}
+        self.calls: list[str] = []
         self.before: dict[str, Any] = {}
         real = tokens_tier.run_arm
 
         def wrapped(server: Server, arm: str, *args: Any, **kw: Any) -> Any:
+            self.calls.append(arm)
             start = time.monotonic()
             hook = self.before.get(arm)
             if hook is not None:
@@ -201,7 +203,8 @@ def run_tier(stubs: dict[str, Stub], datasets: Path, monkeypatch: pytest.MonkeyP
 
 
 def _tier_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("k3ft-tokens-")]
+    return [t for t in threading.enumerate()
+            if t.name.startswith("k3ft-tokens-") and t.is_alive()]
 
 
 def test_isolated_sides_run_b1_and_c_at_once_then_b2(stubs, run_tier, monkeypatch) -> None:
@@ -266,7 +269,9 @@ def test_the_report_at_once_holds_what_the_arms_in_order_give(stubs, run_tier, t
 def test_a_failed_arm_at_once_surfaces_and_resume_reruns_only_it(stubs, run_tier,
                                                                  monkeypatch) -> None:
     stubs["baseline"].fail = True
+    first = Spans(monkeypatch)
     report, ctx = run_tier("fail", pair_of(stubs))
+    assert sorted(first.calls) == ["b1", "c"]  # each once; B2 never starts
     assert report.status == "INCOMPLETE"
     assert "baseline server answered POST /v1/completions with 500" in report.failure
     assert report.reason.startswith("1 of 3 arm(s) done")
@@ -279,7 +284,7 @@ def test_a_failed_arm_at_once_surfaces_and_resume_reruns_only_it(stubs, run_tier
     spans = Spans(monkeypatch)
     again, ctx = run_tier("fail", pair_of(stubs), resume=True)
     assert [a.arm for a in again.arms] == ["b1", "b2", "c"] and not again.failure
-    assert set(spans.spans) == {"b1", "b2"} and spans.after("b2", "b1")
+    assert spans.calls == ["b1", "b2"] and spans.after("b2", "b1")
     assert "tokens-c: done earlier, skipped" in ctx.progress.notes  # type: ignore[attr-defined]
     assert "at the same time" not in again.b2_method  # C's rows come from an earlier attempt
 
@@ -300,7 +305,8 @@ def test_an_internal_error_in_an_arm_at_once_propagates(stubs, run_tier, monkeyp
     spans.before["c"] = broken
     with pytest.raises(RuntimeError, match="a bug in arm c"):
         run_tier("bug", pair_of(stubs))
-    assert not _tier_threads()
+    assert sorted(spans.calls) == ["b1", "c"]  # raised once, after B1 ended
+    assert "b1" in spans.spans and not _tier_threads()
 
 
 def test_ctrl_c_while_the_arms_run_at_once_stops_the_tier_at_once(stubs, run_tier,
@@ -317,12 +323,14 @@ def test_ctrl_c_while_the_arms_run_at_once_stops_the_tier_at_once(stubs, run_tie
         stuck()
     spans.before.update(b1=stuck, c=interrupt)
     start = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        run_tier("ctrl-c", pair_of(stubs))
-    assert time.monotonic() - start < 3.0
-    assert {t.name for t in _tier_threads()} == {"k3ft-tokens-b1", "k3ft-tokens-c"}
-    assert all(t.daemon for t in _tier_threads())
-    release.set()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_tier("ctrl-c", pair_of(stubs))
+        assert time.monotonic() - start < 3.0
+        assert {t.name for t in _tier_threads()} == {"k3ft-tokens-b1", "k3ft-tokens-c"}
+        assert all(t.daemon for t in _tier_threads())  # they never hold the process at exit
+    finally:
+        release.set()
     for t in _tier_threads():
         t.join(5)
     assert not _tier_threads()

@@ -13,6 +13,8 @@ and gate from them.
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -67,7 +69,8 @@ SWITCH_CHECK = "switch_only_difference"
 AT_ONCE: tuple[ArmName, ArmName] = ("b1", "c")
 """The arms that run at the same time on a pair whose sides are isolated."""
 JOIN_POLL_S = 0.2
-"""How often the main thread wakes while it waits for arms on other threads (so Ctrl-C acts)."""
+"""How often the main thread wakes while it waits for arms on other threads (so Ctrl-C acts
+even when the signal reached another thread)."""
 _SIDE: dict[ArmName, Side] = {"b1": "baseline", "b2": "baseline", "c": "candidate"}
 
 
@@ -178,22 +181,27 @@ def _at_once(jobs: dict[ArmName, Callable[[], dict[str, Any]]],
     """Run each job on a thread of its own and wait until all ended; each finished job's result
     goes into ``done``. Then the first failure in ``ARMS`` order is raised. A Ctrl-C while
     waiting is raised at once: the threads are daemons, and their requests end when the run's
-    servers stop."""
+    servers stop. (The wait is on a queue, not ``Thread.join``: an interrupted join marks a
+    running thread as stopped on Python 3.11.)"""
     failed: dict[ArmName, BaseException] = {}
+    ended: queue.SimpleQueue[ArmName] = queue.SimpleQueue()
 
     def body(arm: ArmName, job: Callable[[], dict[str, Any]]) -> None:
         try:
             done[arm] = job()
         except BaseException as exc:  # noqa: BLE001 - raised again on the main thread
             failed[arm] = exc
+        finally:
+            ended.put(arm)
 
-    threads = [threading.Thread(target=body, args=(arm, job), name=f"k3ft-tokens-{arm}",
-                                daemon=True) for arm, job in jobs.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        while t.is_alive():
-            t.join(JOIN_POLL_S)
+    for arm, job in jobs.items():
+        threading.Thread(target=body, args=(arm, job), name=f"k3ft-tokens-{arm}",
+                         daemon=True).start()
+    left = len(jobs)
+    while left:
+        with contextlib.suppress(queue.Empty):
+            ended.get(timeout=JOIN_POLL_S)
+            left -= 1
     for arm in ARMS:
         if arm in failed:
             raise failed[arm]
