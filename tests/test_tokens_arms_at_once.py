@@ -22,6 +22,7 @@ from k3fasttrack.models.profile import Profile
 from k3fasttrack.models.tokens import TokensReport
 from k3fasttrack.runtime.context import TierContext
 from k3fasttrack.serving import Server, ServerPair
+from k3fasttrack.tiers.proof.signals import judge_counters, parse_evidence
 from k3fasttrack.tiers.tokens import SPEC
 from k3fasttrack.tiers.tokens import tier as tokens_tier
 
@@ -264,6 +265,9 @@ def test_the_report_at_once_holds_what_the_arms_in_order_give(stubs, run_tier, t
     c_window = at_once.path_evidence[1]["deltas"]["candidate"]
     assert c_window["vllm:request_success_total"] == PROMPTS
     assert c_window["vllm:generation_tokens_total"] == PROMPTS * MAX_TOKENS
+    # the proof tier sums the same growth on each side from either set of windows
+    verdicts = [judge_counters(parse_evidence(r.path_evidence)) for r in (at_once, in_order)]
+    assert verdicts[0] == verdicts[1] and verdicts[0][0], verdicts
 
 
 def test_a_failed_arm_at_once_surfaces_and_resume_reruns_only_it(stubs, run_tier,
