@@ -7,6 +7,8 @@ import asyncio
 import gc
 import logging
 import sys
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -145,3 +147,38 @@ def test_after_ctrl_c_the_resume_hint_is_the_last_line(
     asyncio_log.removeHandler(handler)
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("k3ft: interrupted; finished cells are kept")
+
+
+class SlowStderr:
+    """A stderr whose writes give other threads the chance to write in between."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.parts.append(text)
+        time.sleep(0.001)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def test_lines_from_several_threads_are_never_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    err = SlowStderr()
+    monkeypatch.setattr(sys, "stderr", err)
+    prog = StderrProgress(3)
+
+    def talk(name: str) -> None:
+        for i in range(20):
+            prog.note(f"{name} {i}")
+    threads = [threading.Thread(target=talk, args=(name,)) for name in ("b1", "c")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lines = "".join(err.parts).splitlines()
+    assert sorted(lines) == sorted(f"k3ft: {n} {i}" for n in ("b1", "c") for i in range(20))

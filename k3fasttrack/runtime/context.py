@@ -56,7 +56,11 @@ class TierContext:
         return self.services[name]
 
     def run_cell(self, cell: Cell, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """Run one cell unless a finished result exists; store the result atomically."""
+        """Run one cell unless a finished result exists; store the result atomically.
+
+        Threads may run different cells at once: the store touches only the cell's own files
+        (and writes through unique temporary files), and the progress sinks are thread-safe.
+        """
         if self.store.is_done(cell.id):
             self.progress.note(f"{cell.id}: done earlier, skipped")
             return self.store.load(cell.id)

@@ -105,7 +105,8 @@ _OPEN: list[StderrProgress] = []
 
 
 class StderrProgress:
-    """Counts finished cells; notes go to stderr (never stdout, which carries the result)."""
+    """Counts finished cells; notes go to stderr (never stdout, which carries the result).
+    Safe to call from several threads: a line is never split by another."""
 
     def __init__(self, total: int, *, quiet: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -113,6 +114,7 @@ class StderrProgress:
         self.quiet = quiet
         self.bar: Progress | None = None
         self.heartbeat = Heartbeat(self._line, clock=clock)
+        self._print_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if sys.stderr.isatty() and not quiet:
@@ -148,7 +150,8 @@ class StderrProgress:
 
     def _line(self, message: str) -> None:
         if not self.quiet and self.bar is None:
-            print(f"k3ft: {message}", file=sys.stderr, flush=True)
+            with self._print_lock:  # the heartbeat and tier threads print too: whole lines
+                print(f"k3ft: {message}", file=sys.stderr, flush=True)
 
     def advance(self, description: str) -> None:
         """One cell finished."""

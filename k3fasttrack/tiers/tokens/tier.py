@@ -3,13 +3,20 @@
 Cells, in order (resume skips finished ones): ``tokens-prompts`` (dataset rows drawn with a
 seed, tokenized once by the baseline: ``tokens/prompts.jsonl``), then one per arm: ``b1`` (the
 baseline, prompt order), ``b2`` (the baseline again: a restarted process by default, shuffled
-order, another concurrency), ``c`` (the candidate, run exactly like B1). The arms run one after
-another, so no two servers decode at once. Raw rows: ``tokens/<arm>.jsonl``; ``recompute`` and
-``restatus`` re-derive every figure, threshold and gate from them.
+order, another concurrency), ``c`` (the candidate, run exactly like B1). When both servers were
+started here on disjoint cores (``ServerPair.sides_isolated``), B1 and C run at the same time,
+each on its own server, and B2 follows once both ended (its restarted baseline takes the
+baseline's cores); otherwise the arms run one after another, so no two servers decode at once.
+Raw rows: ``tokens/<arm>.jsonl``; ``recompute`` and ``restatus`` re-derive every figure, threshold
+and gate from them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import queue
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +43,10 @@ from k3fasttrack.serving import (
     counters_before,
     pair_service,
 )
+from k3fasttrack.serving.counters import BOTH_SIDES
 from k3fasttrack.serving.effective import diff_configs
 from k3fasttrack.serving.runner import stop_server, switch_outcome
-from k3fasttrack.serving.server import Server, Watchdog
+from k3fasttrack.serving.server import Server, Side, Watchdog
 from k3fasttrack.tiers import sizing
 from k3fasttrack.tiers.sizing import SIZING_RECORD
 from k3fasttrack.tiers.tokens.arms import (
@@ -58,6 +66,12 @@ FAILURE_LOG = "tokens/server_failure.log"
 B2_LOG_DIR = "tokens/b2-server"
 B2_SALT = "k3ft-tokens-b2"
 SWITCH_CHECK = "switch_only_difference"
+AT_ONCE: tuple[ArmName, ArmName] = ("b1", "c")
+"""The arms that run at the same time on a pair whose sides are isolated."""
+JOIN_POLL_S = 0.2
+"""How often the main thread wakes while it waits for arms on other threads (so Ctrl-C acts
+even when the signal reached another thread)."""
+_SIDE: dict[ArmName, Side] = {"b1": "baseline", "b2": "baseline", "c": "candidate"}
 
 
 def plan_cells(profile: Profile, tp: int, options: dict[str, object]) -> list[Cell]:
@@ -114,9 +128,10 @@ def _b2_server(ctx: TierContext, pair: ServerPair,
 
 
 def _arm_cell(ctx: TierContext, pair: ServerPair, arm: ArmName, prompts: list[list[int]],
-              dog: Watchdog, cfg: TokensConfig) -> dict[str, Any]:
+              dog: Watchdog, cfg: TokensConfig, alongside: ArmName | None = None) -> dict[str, Any]:
     """Run one arm with ``cfg`` (the profile's settings as sized), store its raw rows; the
-    cell's stored result."""
+    cell's stored result. ``alongside``: the arm that runs at the same time on the other
+    server; the counter window then reads only this arm's server, and the result records it."""
     start_s = None
     if arm == "b2":
         srv, start_s = _b2_server(ctx, pair, dog)
@@ -128,17 +143,19 @@ def _arm_cell(ctx: TierContext, pair: ServerPair, arm: ArmName, prompts: list[li
     order_seed = cfg.b2_order_seed if arm == "b2" else None
     salt = B2_SALT if arm == "b2" and not restarted else None
     out: dict[str, Any] = {}
+    other = "" if alongside is None else (f", alongside arm {alongside} on the "
+                                          f"{_SIDE[alongside]} server")
     try:
-        snap = counters_before(pair) if arm != "b2" else None
-        ctx.progress.note(f"tokens: arm {arm} on the {srv.side} server "
+        sides: tuple[Side, ...] = (srv.side,) if alongside is not None else BOTH_SIDES
+        snap = counters_before(pair, sides) if arm != "b2" else None
+        ctx.progress.note(f"tokens: arm {arm} on the {srv.side} server{other} "
                           f"({len(prompts)} prompts x {cfg.max_tokens} tokens)")
         rows, wall = timed(lambda: run_arm(srv, arm, prompts, cfg, concurrency=concurrency[arm],
                                            order_seed=order_seed, cache_salt=salt))
         write_rows(ctx.bundle_dir, arm_file(arm), rows)
         if snap is not None:
-            side = "baseline" if arm == "b1" else "candidate"
             out["evidence"] = counters_after(pair, snap, tier="tokens", cell=f"tokens-{arm}",
-                                             side=side).model_dump(mode="json")  # type: ignore[arg-type]
+                                             side=_SIDE[arm]).model_dump(mode="json")
         if restarted:
             out["config_differences"] = diff_configs(pair.baseline.effective_config(),
                                                      srv.effective_config())
@@ -153,10 +170,55 @@ def _arm_cell(ctx: TierContext, pair: ServerPair, arm: ArmName, prompts: list[li
                         concurrency=concurrency[arm], order_seed=order_seed, cache_salt=salt,
                         wall_s=wall, raw_file=arm_file(arm), server_log=log,
                         server_start_s=start_s).model_dump(mode="json")
+    if alongside is not None:
+        out["alongside"] = {"arm": alongside, "placement": {
+            side: list(cores) for side, cores in sorted(pair.placement.items())}}
     return out
 
 
-def _b2_method(arms: dict[ArmName, ArmRun]) -> str:
+def _at_once(jobs: dict[ArmName, Callable[[], dict[str, Any]]],
+             done: dict[ArmName, dict[str, Any]]) -> None:
+    """Run each job on a thread of its own and wait until all ended; each finished job's result
+    goes into ``done``. Then the first failure in ``ARMS`` order is raised. A Ctrl-C while
+    waiting is raised at once: the threads are daemons, and their requests end when the run's
+    servers stop. (The wait is on a queue, not ``Thread.join``: an interrupted join marks a
+    running thread as stopped on Python 3.11.)"""
+    failed: dict[ArmName, BaseException] = {}
+    ended: queue.SimpleQueue[ArmName] = queue.SimpleQueue()
+
+    def body(arm: ArmName, job: Callable[[], dict[str, Any]]) -> None:
+        try:
+            done[arm] = job()
+        except BaseException as exc:  # noqa: BLE001 - raised again on the main thread
+            failed[arm] = exc
+        finally:
+            ended.put(arm)
+
+    for arm, job in jobs.items():
+        threading.Thread(target=body, args=(arm, job), name=f"k3ft-tokens-{arm}",
+                         daemon=True).start()
+    left = len(jobs)
+    while left:
+        with contextlib.suppress(queue.Empty):
+            ended.get(timeout=JOIN_POLL_S)
+            left -= 1
+    for arm in ARMS:
+        if arm in failed:
+            raise failed[arm]
+
+
+def _together_note(done: dict[ArmName, dict[str, Any]]) -> str:
+    """A sentence saying B1 and C ran at the same time, when both their cells say so."""
+    b1, c = (done.get(arm, {}).get("alongside") for arm in AT_ONCE)
+    if not (b1 and c and b1["arm"] == "c" and c["arm"] == "b1"):
+        return ""
+    cores = "; ".join(f"{side} {', '.join(map(str, ids))}"
+                      for side, ids in b1["placement"].items())
+    return (f"B1 and C ran at the same time, each on its own server pinned to its own cores "
+            f"({cores}), so their wall times overlap; B2 ran after both")
+
+
+def _b2_method(arms: dict[ArmName, ArmRun], together: str = "") -> str:
     b1, b2 = arms.get("b1"), arms.get("b2")
     if b1 is None or b2 is None:
         return ""
@@ -165,7 +227,8 @@ def _b2_method(arms: dict[ArmName, ArmRun]) -> str:
            if b2.server == "baseline-restarted" else
            f"B1's server (pid {b1.pid}) with cache_salt {b2.cache_salt!r} (no prefix reuse)")
     return (f"B2: {how}; order shuffled with seed {b2.order_seed}; {b2.concurrency} requests "
-            f"in flight (B1: prompt order, {b1.concurrency})")
+            f"in flight (B1: prompt order, {b1.concurrency})" + (f". {together}" if together
+                                                                else ""))
 
 
 def run(ctx: TierContext) -> TokensReport:
@@ -176,9 +239,7 @@ def run(ctx: TierContext) -> TokensReport:
     if not cells:
         raise NotRunnable("the profile plans no tokens cell")
     cfg = ctx.profile.tokens
-    arms: dict[ArmName, ArmRun] = {}
-    evidence: list[dict[str, Any]] = []
-    extra_checks: list[Check] = []
+    done: dict[ArmName, dict[str, Any]] = {}
     prompt_set: PromptSet | None = None
     failure: InfrastructureError | None = None
     switch: SwitchCheckRecord | None = None
@@ -195,21 +256,29 @@ def run(ctx: TierContext) -> TokensReport:
                 run_cfg.prompts).model_dump(mode="json")})
             prompt_set = PromptSet.model_validate(stored["prompt_set"])
             prompts = read_prompt_ids(ctx.bundle_dir)
+
+            def arm_job(arm: ArmName, alongside: ArmName | None = None
+                        ) -> Callable[[], dict[str, Any]]:
+                return lambda: ctx.run_cell(cells[arm], lambda: _arm_cell(
+                    ctx, pair, arm, prompts, dog, run_cfg, alongside))
+
+            if pair.sides_isolated and not any(ctx.store.is_done(cells[a].id) for a in AT_ONCE):
+                first, second = AT_ONCE
+                _at_once({first: arm_job(first, second), second: arm_job(second, first)}, done)
             for arm in ARMS:
-                got = ctx.run_cell(cells[arm], lambda a=arm: _arm_cell(  # type: ignore[misc]
-                    ctx, pair, a, prompts, dog, run_cfg))
-                arms[arm] = ArmRun.model_validate(got["arm"])
-                if got.get("evidence"):
-                    evidence.append(got["evidence"])
-                if "config_differences" in got:
-                    extra_checks.append(_b2_config_check(got["config_differences"]))
+                if arm not in done:
+                    done[arm] = arm_job(arm)()
     except InfrastructureError as exc:
         failure = exc
         log_tail = exc.log_lines if isinstance(exc, ServerError) else []
         if log_tail:
             write_bytes_atomic(ctx.bundle_dir / FAILURE_LOG, ("\n".join(log_tail) + "\n").encode())
+    arms = {arm: ArmRun.model_validate(done[arm]["arm"]) for arm in ARMS if arm in done}
+    evidence = [done[arm]["evidence"] for arm in ARMS if done.get(arm, {}).get("evidence")]
+    extra_checks = [_b2_config_check(done[arm]["config_differences"]) for arm in ARMS
+                    if "config_differences" in done.get(arm, {})]
     return build_report(ctx.bundle_dir, cfg, prompt_set, arms, evidence, extra_checks, switch,
-                        failure, log_tail, mode)
+                        failure, log_tail, mode, together=_together_note(done))
 
 
 def _b2_config_check(differences: list[str]) -> Check:
@@ -223,8 +292,9 @@ def build_report(bundle_dir: Path, cfg: TokensConfig, prompt_set: PromptSet | No
                  arms: dict[ArmName, ArmRun], evidence: list[dict[str, Any]],
                  extra_checks: list[Check], switch: SwitchCheckRecord | None,
                  failure: InfrastructureError | None, log_tail: list[str],
-                 mode: str) -> TokensReport:
-    """The report: the gates judged from the raw rows read back from the bundle."""
+                 mode: str, together: str = "") -> TokensReport:
+    """The report: the gates judged from the raw rows read back from the bundle (``together``:
+    the sentence saying B1 and C ran at the same time, when they did)."""
     checks: list[Check] = []
     comparisons: tuple[Any, ...] = ()
     gates: tuple[Any, ...] = ()
@@ -243,7 +313,7 @@ def build_report(bundle_dir: Path, cfg: TokensConfig, prompt_set: PromptSet | No
     raw += [FAILURE_LOG] if log_tail else []
     report = TokensReport(
         status="INCOMPLETE", reason="", checks=tuple(checks), raw_files=tuple(raw), config=cfg,
-        prompt_set=prompt_set, arms=tuple(arms.values()), b2_method=_b2_method(arms),
+        prompt_set=prompt_set, arms=tuple(arms.values()), b2_method=_b2_method(arms, together),
         comparisons=comparisons, thresholds=thresholds, gates=gates,
         deviations=tuple(deviations(cfg, mode, run_cfg)),
         logprobs_mode=mode, switch=switch,
