@@ -108,5 +108,5 @@ def test_the_summary_row_shows_the_label(tmp_path: Path) -> None:
     from k3fasttrack.summary.tables import evals as evals_table
 
     report = _report_for(tmp_path)
-    rows = [line for line in evals_table(report.model_dump(mode="json")) if "| gsm8k" in line]
+    rows = [line for line in evals_table(report) if "| gsm8k" in line]
     assert len(rows) == 1 and "| official |" in rows[0]

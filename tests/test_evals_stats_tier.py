@@ -4,7 +4,6 @@ PASS, and ``verify`` (``restatus``/``recompute``) re-derives the gates from the 
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import pytest
@@ -96,7 +95,7 @@ def test_every_shipped_suite_declares_its_design() -> None:
 def test_the_summary_shows_chance_discordant_counts_and_the_detectable_drop(tmp_path) -> None:
     report = _tier(tmp_path, {"gsm8k": ([1.0] * 25 + [0.0] * 5, [1.0] * 22 + [0.0] * 8),
                               "gpqa_diamond": ([1.0] * 4 + [0.0] * 6,) * 2})
-    text = "\n".join(evals_table(json.loads(report.model_dump_json())))
+    text = "\n".join(evals_table(report))
     header = text.splitlines()[0]
     for col in ("lost / gained", "regression p / Holm", "min. detectable drop", "chance"):
         assert col in header

@@ -144,7 +144,7 @@ def test_agreement_changes_no_check_and_no_status(tmp_path: Path) -> None:
 
 def test_summary_shows_the_agreement_table_and_the_error(tmp_path: Path) -> None:
     report, _ = _sweep(tmp_path)
-    text = "\n".join(render_perf(report.model_dump(mode="json")))
+    text = "\n".join(render_perf(report))
     section = text.split("**Numerical agreement with float64**")[1]
     shard = md_text(f"one TP8 rank's LM-head shard ({VOCAB} tokens)")
     assert section.startswith(f" ({STEPS} teacher-forced greedy steps over {shard}, the model's "

@@ -127,7 +127,7 @@ def test_harness_point_leads_with_step_time_floor_fraction_and_ratio(tmp_path: P
 
 def test_summary_leads_with_the_headline_and_names_the_layout(tmp_path: Path) -> None:
     report, _ = _sweep(tmp_path, "stock_harness")
-    text = "\n".join(render_perf(report.model_dump(mode="json")))
+    text = "\n".join(render_perf(report))
     lead = text.split("Per point")[0]
     assert lead.startswith("**Per-step time** of the candidate k3ft\\_hopper")
     assert "baseline: vllm\\_stock" in lead and LAYOUT in lead
@@ -160,7 +160,7 @@ def test_reference_baseline_makes_no_claim_and_is_incomplete(tmp_path: Path) -> 
     assert report.geomean_speedup == {} and "perf/speedup_vs_batch.png" not in report.plots
     assert SPEC.recompute(report, out) == []
     assert SPEC.restatus(report, out)[0] == "INCOMPLETE"
-    lead = "\n".join(render_perf(report.model_dump(mode="json"))).split("Per point")[0]
+    lead = "\n".join(render_perf(report)).split("Per point")[0]
     assert "numerical reference, not a speed baseline: no speedup claim" in lead
     assert "/ candidate" not in lead and "x \\[" not in lead
 
@@ -251,6 +251,8 @@ def test_committed_demo_summary_names_its_baseline_first() -> None:
     assert "**TPOT (time per output token)** of the candidate (median of repeats); baseline: the " \
         "same vLLM server without the profile's switch." in lead
     assert "| batch | context | TPOT (ms) | baseline / candidate [95% CI] |" in lead
+    # built from the TPOT comparison: its speedup, the interval inverted to [1 / high, 1 / low]
+    assert "| 1 | 64 | 41.76 | 1.04x \\[0.97, 1.11\\] |" in lead
     assert "fraction of floor" not in lead and "of floor" not in perf.split("Per point")[1]
     assert "The floor is the candidate's layout's" not in perf
 

@@ -220,17 +220,21 @@ def test_hostile_text_in_a_verified_summary_is_posted_inert(tmp_path, app, gh, s
 def test_hostile_text_in_every_table_field_is_inert() -> None:
     """GPU names, agentic metric names, the interactivity formula and plot paths come from the
     bundle: none of them may post a mention, HTML or an image."""
-    from k3fasttrack.summary.tables import RENDERERS
+    from k3fasttrack.models.kernels import KernelsReport
+    from k3fasttrack.models.perf import AgenticResult, MetricComparison, PerfReport
+    from k3fasttrack.stats.models import Comparison, MedianCI
+    from k3fasttrack.summary import tables
 
     hostile = "@org/team <img src=x onerror=alert(1)> ![x](http://evil/a.png) `tick`"
-    kernels = RENDERERS["kernels"]({"gpu": hostile, "cases": [], "checks": []})
-    perf = RENDERERS["perf"]({
-        "points": [], "interactivity_formula": hostile, "plots": [hostile],
-        "agentic": [{"name": hostile, "metrics": [{"metric": hostile, "unit": hostile,
-                                                   "comparison": {"old": {"median": 1.0},
-                                                                  "new": {"median": 1.0},
-                                                                  "verdict": hostile,
-                                                                  "p_value": 0.5}}]}]})
+    kernels = tables.kernels(KernelsReport(status="PASS", reason="ok", gpu=hostile))
+    median = MedianCI.model_construct(median=1.0)
+    comparison = Comparison.model_construct(old=median, new=median, verdict=hostile, p_value=0.5)
+    perf = tables.perf(PerfReport(
+        status="PASS", reason="ok", interactivity_formula=hostile, plots=(hostile,),
+        agentic=(AgenticResult(name=hostile, concurrency=1, sessions=1, trace_sha256="0" * 64,
+                               source="generated",
+                               metrics=(MetricComparison(metric=hostile, unit=hostile,
+                                                         comparison=comparison, speedup=None),)),)))
     text = "\n".join([*kernels, *perf])
     assert hostile.split()[0] not in text  # "@org/team" is broken by a joiner
     assert "<img" not in text and "![x](" not in text and "http://evil" not in text

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,9 +9,10 @@ from typing import Any
 import jinja2
 
 from k3fasttrack.models.env import Environment
+from k3fasttrack.models.manifest import Manifest
 from k3fasttrack.models.reports import TIER_REPORT_ADAPTER, RunRecord, TierReport
 from k3fasttrack.models.verdict import Verdict
-from k3fasttrack.summary.tables import RENDERERS
+from k3fasttrack.summary.tables import tier_tables
 from k3fasttrack.summary.untrusted import md_hex, md_text, safe_ref
 
 MARKER = "<!-- k3ft-bundle-summary -->"
@@ -35,12 +35,11 @@ def _cell(text: Any) -> str:
 
 def tier_detail(report: TierReport) -> Detail:
     """Markdown body for one tier: its table of figures, then the checks that did not pass."""
-    data = report.model_dump(mode="json")
     lines = [f"**{report.status}**: {md_text(report.reason, 500)}", ""]
-    if report.status != "NOT_RUN" and report.tier in RENDERERS:
+    if report.status != "NOT_RUN":
         try:
-            lines += RENDERERS[report.tier](data)
-        except (KeyError, TypeError) as exc:  # a table must never hide the report
+            lines += tier_tables(report)
+        except TypeError as exc:  # a table must never hide the report (e.g. a missing figure)
             lines += [f"_(table unavailable: {md_text(exc, 200)})_", ""]
     shown = [c for c in report.checks if c.outcome != "pass"]
     if shown:
@@ -164,8 +163,8 @@ def render_summary(bundle_dir: Path, *, max_chars: int = 60000,
     reports = [TIER_REPORT_ADAPTER.validate_json((bundle_dir / p).read_bytes())
                for p in run.reports]
     manifest_path = bundle_dir / "manifest.json"
-    root = json.loads(manifest_path.read_text())["root_digest"] if manifest_path.exists() \
-        else "(unsigned bundle)"
+    root = (Manifest.model_validate_json(manifest_path.read_bytes()).root_digest
+            if manifest_path.exists() else "(unsigned bundle)")
     ref = safe_ref(bundle_ref or str(bundle_dir))
     ctx: dict[str, Any] = dict(
         marker=MARKER, notice=notice, run=run, verdict=verdict, icon=ICON, hardware=_hardware(env),
