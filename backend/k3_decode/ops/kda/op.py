@@ -139,15 +139,13 @@ def compile_kda(key: KdaKernelKey):
     """Compile (once per key) the fused KDA kernel; no GPU is needed."""
     import cutlass.cute as cute
 
-    if key.variant == "cluster":
-        from backend.k3_decode.ops.kda.kernel_cluster import kda_decode_cluster_launch as launch
-    elif key.variant == "cta":
-        from backend.k3_decode.ops.kda.kernel import kda_decode_launch as launch
-    else:
+    if key.variant not in ("cluster", "cta"):
         raise KdaInputError(f"kda_decode: unknown kernel variant {key.variant!r}")
+    from backend.k3_decode.ops.kda.kernel import kda_decode_launch
+
     return cute.compile(
-        launch, *_fake_args(), key.heads, key.q_len, key.has_num_accepted,
-        key.gate_form == "lower_bound", key.lower_bound, key.norm_eps,
+        kda_decode_launch, *_fake_args(), key.heads, key.q_len, key.has_num_accepted,
+        key.gate_form == "lower_bound", key.lower_bound, key.norm_eps, key.variant == "cluster",
         options=f"--gpu-arch {key.arch}",
     )
 
