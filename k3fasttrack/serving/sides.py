@@ -14,7 +14,9 @@ and ends, and none keeps the process from exiting.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +28,8 @@ from k3fasttrack.serving.server import Side
 
 SIDES: tuple[Side, ...] = ("baseline", "candidate")
 T = TypeVar("T")
+WAIT_POLL_S = 0.2
+"""How often the waiting thread wakes (so Ctrl-C is seen within this long)."""
 
 
 @dataclass
@@ -60,18 +64,27 @@ def on_both_sides(work: Callable[[Side], T], *, together: bool) -> dict[Side, T]
         return {side: work(side) for side in SIDES}
     outcomes: dict[Side, _Outcome[T]] = {side: _Outcome() for side in SIDES}
 
+    ended: queue.SimpleQueue[Side] = queue.SimpleQueue()
+
     def run(side: Side) -> None:
         try:
             outcomes[side].value = work(side)
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
             outcomes[side].error = exc
+        finally:
+            ended.put(side)
 
     threads = [threading.Thread(target=run, args=(side,), name=f"k3ft-{side}", daemon=True)
                for side in SIDES]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
+    # Wait on a queue with a short timeout rather than Thread.join: Ctrl-C reaches the main
+    # thread at the next poll, and an interrupted join can mark a running thread as ended.
+    left = len(threads)
+    while left:
+        with contextlib.suppress(queue.Empty):
+            ended.get(timeout=WAIT_POLL_S)
+            left -= 1
     failure = first_failure({s: o.error for s, o in outcomes.items() if o.error is not None})
     if failure is not None:
         raise failure
