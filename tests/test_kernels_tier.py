@@ -109,3 +109,18 @@ def test_restatus_keeps_a_tier_that_did_not_run(tmp_path) -> None:
     report = not_run("kernels", "the kernel tests need an NVIDIA GPU and this host has none")
     assert SPEC.restatus(report, tmp_path) == (
         "NOT_RUN", "the kernel tests need an NVIDIA GPU and this host has none")
+
+
+def test_worker_arguments_without_pytest_xdist_say_what_to_install(monkeypatch) -> None:
+    import importlib.util
+
+    from k3fasttrack.tiers.kernels import missing_workers_plugin
+
+    real = importlib.util.find_spec
+    assert missing_workers_plugin(["tests/backend", "-n", "4"]) is None  # installed here
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "xdist" else real(name, *a))
+    for args in (["tests/backend", "-n", "4"], ["--numprocesses=2"], ["-n=3"]):
+        reason = missing_workers_plugin(args)
+        assert reason is not None and "pip install pytest-xdist" in reason
+    assert missing_workers_plugin(["tests/backend", "-m", "gpu"]) is None

@@ -9,10 +9,12 @@ re-derives the status from the bundled cases and the recorded exit status.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from k3fasttrack.models.base import Check, TierStatus
@@ -113,12 +115,26 @@ def summarise(cases: list[KernelCase], returncode: int, gpu: str | None,
                          failed=len(failed))
 
 
+def missing_workers_plugin(pytest_args: Sequence[str]) -> str | None:
+    """Why the tests cannot start as declared: arguments that ask for pytest-xdist workers
+    (``-n``, ``--numprocesses``) on a host without pytest-xdist; None when they can."""
+    wants = any(a in ("-n", "--numprocesses") or a.startswith(("--numprocesses=", "-n="))
+                for a in pytest_args)
+    if not wants or importlib.util.find_spec("xdist") is not None:
+        return None
+    return ("the profile runs the kernel tests in pytest-xdist workers (-n) and pytest-xdist is "
+            "not installed here (pip install pytest-xdist)")
+
+
 def _run(ctx: TierContext) -> TierReport:
     gpus = ctx.options.get("gpus") or ()
     if ctx.profile.kernels.requires_gpu and not gpus:
         raise NotRunnable("the kernel tests need an NVIDIA GPU and this host has none")
     if not ctx.profile.kernels.pytest_args:
         raise NotRunnable(f"profile '{ctx.profile.name}' names no kernel tests")
+    missing = missing_workers_plugin(ctx.profile.kernels.pytest_args)
+    if missing is not None:
+        raise NotRunnable(missing)
     result = ctx.run_cell(ctx.cells[0], lambda: _run_tests(ctx))
     cases = [KernelCase.model_validate(c) for c in result["cases"]]  # type: ignore[union-attr]
     raw = ctx.bundle_dir / RAW
